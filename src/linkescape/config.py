@@ -1,0 +1,136 @@
+"""Configuration: a frozen dataclass, read from LINKESCAPE_* environment variables.
+
+``Config.from_env()`` reads the environment once; explicit keyword arguments win
+over the environment. Every value is validated here, so the layers below can
+trust it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple
+
+from .errors import ConfigError
+
+POLICIES = ("active-backup", "stripe")
+
+
+def _parse_rails(text: str) -> Tuple[str, ...]:
+    rails = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not rails:
+        raise ConfigError(f"LINKESCAPE_RAILS={text!r} names no rail")
+    return rails
+
+
+def _seconds(value: str, name: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
+    if out <= 0:
+        raise ConfigError(f"{name}={value!r} must be positive")
+    return out
+
+
+def _millis(value: str, name: str) -> float:
+    return _seconds(value, name) / 1000.0
+
+
+def _size(value: str, name: str) -> int:
+    text = value.strip().upper()
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix + "IB") or text.endswith(suffix + "B") or text.endswith(suffix):
+            text = text[: -len(suffix + "IB")] if text.endswith(suffix + "IB") else (
+                text[: -len(suffix + "B")] if text.endswith(suffix + "B") else text[:-1])
+            mult = m
+            break
+    try:
+        out = int(float(text) * mult)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a size") from None
+    if out <= 0:
+        raise ConfigError(f"{name}={value!r} must be positive")
+    return out
+
+
+# env var -> (field, parser)
+_ENV = {
+    "LINKESCAPE_RAILS": ("rails", lambda v, n: _parse_rails(v)),
+    "LINKESCAPE_TIMEOUT": ("timeout", _seconds),
+    "LINKESCAPE_CONNECT_TIMEOUT": ("connect_timeout", _seconds),
+    "LINKESCAPE_CHUNK_BYTES": ("chunk_bytes", _size),
+    "LINKESCAPE_SMALL_BYTES": ("small_bytes", _size),
+    "LINKESCAPE_COPY_BYTES": ("copy_bytes", _size),
+    "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
+    "LINKESCAPE_HEARTBEAT_MS": ("heartbeat_interval", _millis),
+    "LINKESCAPE_SILENT_TIMEOUT_MS": ("silent_timeout", _millis),
+    "LINKESCAPE_FAILBACK_HOLDDOWN_MS": ("failback_holddown", _millis),
+    "LINKESCAPE_RECONNECT_MAX_MS": ("reconnect_max", _millis),
+    "LINKESCAPE_NO_PATH_TIMEOUT": ("no_path_timeout", _seconds),
+    "LINKESCAPE_PEER_LOST_TIMEOUT": ("peer_lost_timeout", _seconds),
+    "LINKESCAPE_EVENTS": ("events", lambda v, n: v),
+    "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
+    "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
+    "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    rails: Optional[Tuple[str, ...]] = None
+    #: default deadline of every operation, seconds (torch's default is 30 min)
+    timeout: float = 1800.0
+    #: how long rendezvous waits for every peer to arrive
+    connect_timeout: float = 300.0
+    #: pipeline segment size of the large-message algorithms
+    chunk_bytes: int = 1 << 20
+    #: messages up to this size use the latency algorithms
+    small_bytes: int = 64 << 10
+    #: frames up to this size are copied into the retransmit store when sent;
+    #: larger ones are sent zero-copy from the caller's memory
+    copy_bytes: int = 64 << 10
+    policy: str = "active-backup"
+    heartbeat_interval: float = 0.05
+    #: a link with nothing heard for this long while something is owed is dead
+    silent_timeout: float = 0.25
+    failback_holddown: float = 1.0
+    reconnect_max: float = 1.0
+    no_path_timeout: float = 1800.0
+    peer_lost_timeout: float = 2.0
+    events: Optional[str] = None
+    tcp_congestion: Optional[str] = None
+    socket_buffer: Optional[int] = None
+    carrier_watch: bool = True
+    extra: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy {self.policy!r} is not one of {POLICIES}")
+        if self.chunk_bytes < 64 or self.chunk_bytes % 64:
+            raise ConfigError(f"chunk_bytes={self.chunk_bytes} must be a positive multiple of 64")
+        for name in ("timeout", "connect_timeout", "heartbeat_interval", "silent_timeout",
+                     "failback_holddown", "reconnect_max", "no_path_timeout", "peer_lost_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.silent_timeout <= self.heartbeat_interval:
+            raise ConfigError("silent_timeout must exceed heartbeat_interval")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides) -> "Config":
+        env = os.environ if environ is None else environ
+        values = {}
+        for var, (name, parse) in _ENV.items():
+            raw = env.get(var)
+            if raw is not None and raw != "":
+                values[name] = parse(raw, var)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+ENV_VARS = tuple(_ENV)

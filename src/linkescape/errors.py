@@ -1,0 +1,107 @@
+"""One hierarchy of typed errors.
+
+Every error says who failed: the local side or the remote one, which rail, which
+peer. Tests and callers match on types and attributes, never on message text.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class LinkEscapeError(Exception):
+    """Base class of every error linkescape raises."""
+
+
+# ---------------------------------------------------------------- usage errors
+class UsageError(LinkEscapeError, ValueError):
+    """The caller passed something invalid; nothing was sent."""
+
+
+class InvalidRank(UsageError):
+    def __init__(self, rank: int, world_size: int, what: str = "rank"):
+        super().__init__(f"{what} {rank} is not in [0, {world_size})")
+        self.rank = rank
+        self.world_size = world_size
+
+
+class InvalidBuffer(UsageError):
+    """Not a C-contiguous numpy array, wrong shape, read-only, ..."""
+
+
+class UnsupportedDtype(UsageError, TypeError):
+    """The dtype cannot be reduced with the requested operation."""
+
+
+class ConfigError(UsageError):
+    """A LINKESCAPE_* variable or a config field has an invalid value."""
+
+
+# ------------------------------------------------------------- protocol errors
+class CollectiveMismatch(LinkEscapeError):
+    """Ranks called different collectives, or the same one with different
+    shapes, dtypes, ops or roots."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None, op_seq: Optional[int] = None):
+        super().__init__(message)
+        self.peer = peer
+        self.op_seq = op_seq
+
+
+class HandshakeError(LinkEscapeError):
+    """A connection failed the linkescape handshake (wrong magic, version or job)."""
+
+
+class ProtocolError(LinkEscapeError):
+    """A peer sent something that breaks the wire protocol."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None, rail: Optional[int] = None):
+        super().__init__(message)
+        self.peer = peer
+        self.rail = rail
+
+
+# ------------------------------------------------------------ runtime failures
+class CommTimeout(LinkEscapeError, TimeoutError):
+    """An operation did not complete within the configured timeout."""
+
+    def __init__(self, message: str, *, peers: Sequence[int] = (), op_seq: Optional[int] = None):
+        super().__init__(message)
+        self.peers = tuple(peers)
+        self.op_seq = op_seq
+
+
+class RendezvousError(LinkEscapeError):
+    """The store exchange failed or a peer never arrived."""
+
+    def __init__(self, message: str, *, missing: Sequence[int] = ()):
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+class LinkFailure(LinkEscapeError):
+    """Every rail between this rank and a peer has been down for longer than
+    the no-path deadline."""
+
+    def __init__(self, message: str, *, peer: int, rails: Sequence[int] = (), since: Optional[float] = None,
+                 local: Optional[bool] = None):
+        super().__init__(message)
+        self.peer = peer
+        self.rails = tuple(rails)
+        self.since = since
+        self.local = local
+
+
+class PeerLost(LinkEscapeError):
+    """A peer process died or closed its communicator; not a link failure."""
+
+    def __init__(self, message: str, *, peer: int):
+        super().__init__(message)
+        self.peer = peer
+
+
+class CommClosed(LinkEscapeError):
+    """The communicator was closed locally; the operation did not run."""
+
+
+__all__ = [name for name in dir() if name[0].isupper() and name != "Optional" and name != "Sequence"]
