@@ -12,6 +12,18 @@ from typing import Optional, Sequence
 class LinkEscapeError(Exception):
     """Base class of every error linkescape raises."""
 
+    def __reduce__(self):
+        # Keyword-only constructors do not survive pickling by default; errors
+        # cross process boundaries (tests, torch futures), so rebuild by state.
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild(cls, message, state):
+    obj = cls.__new__(cls)
+    Exception.__init__(obj, message)
+    obj.__dict__.update(state)
+    return obj
+
 
 # ---------------------------------------------------------------- usage errors
 class UsageError(LinkEscapeError, ValueError):
@@ -104,4 +116,4 @@ class CommClosed(LinkEscapeError):
     """The communicator was closed locally; the operation did not run."""
 
 
-__all__ = [name for name in dir() if name[0].isupper() and name != "Optional" and name != "Sequence"]
+__all__ = [name for name in dir() if name[0].isupper() and name not in ("Optional", "Sequence")]

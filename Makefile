@@ -1,0 +1,41 @@
+# `make test` and `make demo` set everything up from nothing: apt packages,
+# the virtual environment in .venv, then run.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := iproute2 nftables
+PYTEST_ARGS ?=
+
+.PHONY: test demo bench apt venv clean
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "note: not root, cannot install$$missing (the testbed needs root anyway)"; fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch: exactly the CPU build (an unpinned torch pulls a multi-GB CUDA build)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,demo]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: apt $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: apt $(STAMP)
+	$(BIN)/linkescape demo
+
+bench: $(STAMP)
+	$(BIN)/linkescape bench all --world-size 2 --backend linkescape,gloo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

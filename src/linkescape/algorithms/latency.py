@@ -1,0 +1,162 @@
+"""Latency algorithms for small messages: recursive doubling and binomial trees.
+
+Each step sends a snapshot of the accumulator, so a reduction that lands in
+the accumulator can never change bytes not yet sent. Pairs combine as
+``lower rank's value OP higher rank's value``; IEEE addition and
+multiplication are commutative, so both partners hold the same bits and every
+rank ends with identical results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Schedule, byte_view
+
+
+def _pow2_below(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
+    """Recursive doubling; ranks beyond the largest power of two fold in first."""
+    n, r = s.world_size, s.rank
+    p2 = _pow2_below(n)
+    extra = n - p2
+    nbytes = flat.nbytes
+    acc = flat  # reduced in place
+    raw = byte_view(flat)
+
+    if r >= p2:  # fold into r - p2, get the result back
+        s.send(r - p2, raw)
+        s.recv(r - p2, nbytes, dst=raw)
+        return
+
+    # Each step: snapshot acc -> sbuf[k] (when the previous step is done), send it,
+    # receive the partner's value into rbuf[k], then acc = acc OP rbuf[k].
+    steps = []
+    if r < extra:
+        steps.append(r + p2)
+    d = 1
+    while d < p2:
+        steps.append(r ^ d)
+        d *= 2
+    nsteps = len(steps)
+    sbufs = [np.empty_like(flat) for _ in range(nsteps)]
+    rbufs = [np.empty_like(flat) for _ in range(nsteps)]
+    sends = []
+    for k, partner in enumerate(steps):
+        is_fold = r < extra and k == 0
+        if is_fold:
+            sends.append(None)  # the folding rank sends nothing at this step
+        else:
+            sends.append(s.send(partner, byte_view(sbufs[k]), ready=0))
+        s.recv(partner, nbytes, dst=byte_view(rbufs[k]))
+
+    def combine(k: int) -> None:
+        partner = steps[k]
+        a, b = (acc, rbufs[k]) if r < partner else (rbufs[k], acc)
+        red(acc, a, b)
+
+    def start_step(k: int) -> None:
+        if k < nsteps and sends[k] is not None:
+            np.copyto(sbufs[k], acc)
+            sends[k].ready = nbytes
+
+    # Receives from different partners arrive in any order; combine strictly in
+    # step order: step k's value goes into the snapshot sent at step k+1.
+    recvs = s.op.recvs[-nsteps:] if nsteps else []
+    arrived = [False] * nsteps
+    state = {"next": 0}
+
+    def advance() -> None:
+        k = state["next"]
+        while k < nsteps and arrived[k]:
+            combine(k)
+            k += 1
+            state["next"] = k
+            start_step(k)
+            if k == nsteps and back is not None:
+                back.ready = nbytes
+
+    for k, m in enumerate(recvs):
+        def on_frame(received, k=k, m=m):
+            if received == m.nbytes:
+                arrived[k] = True
+                advance()
+        m.on_frame = on_frame
+    # after the last step, the folded rank gets the result back
+    back = s.send(r + p2, raw, ready=0) if r < extra else None
+    start_step(0)
+
+
+def broadcast(s: Schedule, raw: memoryview, root: int) -> None:
+    """Binomial tree from ``root``."""
+    n, r = s.world_size, s.rank
+    rel = (r - root) % n
+    # receive from the parent (clear the lowest set bit), then send to children
+    if rel:
+        parent = (rel & (rel - 1))
+        rcv = s.recv((parent + root) % n, len(raw), dst=raw)
+    else:
+        rcv = None
+    children = []
+    mask = 1
+    while mask < n:
+        if rel & mask:
+            break
+        child = rel | mask
+        if child < n:
+            children.append((child + root) % n)
+        mask <<= 1
+    sends = [s.send(c, raw, ready=0 if rcv is not None else None) for c in reversed(children)]
+    if rcv is not None and sends:
+        def on_frame(received, sends=sends, m=rcv):
+            if received == m.nbytes:
+                for snd in sends:
+                    snd.ready = m.nbytes
+        rcv.on_frame = on_frame
+
+
+def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray) -> None:
+    """Binomial tree toward ``root``; ``out`` (root: the caller's buffer, others:
+    a scratch copy) accumulates children's values in a fixed order."""
+    n, r = s.world_size, s.rank
+    rel = (r - root) % n
+    children = []
+    mask = 1
+    while mask < n:
+        if rel & mask:
+            break
+        child = rel | mask
+        if child < n:
+            children.append((child + root) % n)
+        mask <<= 1
+    nbytes = flat.nbytes
+    rbufs = [np.empty_like(flat) for _ in children]
+    parent_send = None
+    if rel:
+        parent = ((rel & (rel - 1)) + root) % n
+        parent_send = s.send(parent, byte_view(out), ready=0 if children else None)
+    state = {"left": len(children)}
+    recvs = []
+    for c, buf in zip(children, rbufs):
+        recvs.append(s.recv(c, nbytes, dst=byte_view(buf)))
+    # Children are combined in the order listed once all arrived (fixed order,
+    # whatever order they arrive in).
+
+    def on_frame_factory(m):
+        def on_frame(received):
+            if received == m.nbytes:
+                state["left"] -= 1
+                if state["left"] == 0:
+                    for buf in rbufs:
+                        red(out, out, buf)
+                    if parent_send is not None:
+                        parent_send.ready = nbytes
+        return on_frame
+    for m in recvs:
+        m.on_frame = on_frame_factory(m)

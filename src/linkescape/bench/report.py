@@ -1,0 +1,308 @@
+"""Output of a benchmark: the nccl-tests style table, the JSON records, the summary.
+
+Also ``python -m linkescape.bench.report RUN.jsonl...``: the median over
+several runs (records from ``linkescape bench --json``), as a text or
+Markdown table with the linkescape/gloo ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+from collections import OrderedDict, defaultdict
+from typing import Callable, Dict, Iterable, List, Optional, TextIO
+
+from .spec import OPS, BenchSpec, format_size, tcp_congestion_control
+
+COLS = "#       size         count      type"
+GROUP = "     time   algbw   busbw  #wrong"
+UNITS0 = "#        (B)    (elements)          "
+UNITS = "      (us)  (GB/s)  (GB/s)        "
+RATIO_COLS = "    busbw     time"
+RATIO_UNITS = "  (ratio)  (ratio)"
+
+
+def fmt_time(us: float) -> str:
+    if us >= 10000:
+        return f"{us:8.0f}"
+    if us >= 100:
+        return f"{us:8.1f}"
+    return f"{us:8.2f}"
+
+
+def fmt_bw(gbs: float) -> str:
+    return f"{gbs:6.2f}"
+
+
+def fmt_wrong(wrong: Optional[int]) -> str:
+    return f"{'N/A' if wrong is None else wrong:>6}"
+
+
+def ratios(recs: Dict[str, dict]) -> Optional[tuple]:
+    """(busbw ratio, time ratio) linkescape/gloo, None when not both."""
+    le, gl = recs.get("linkescape"), recs.get("gloo")
+    if not le or not gl:
+        return None
+    bw = le["busbw"] / gl["busbw"] if gl["busbw"] > 0 and le["busbw"] > 0 else None
+    t = le["time_us"] / gl["time_us"] if gl["time_us"] > 0 else None
+    return bw, t
+
+
+def _r(x: Optional[float]) -> str:
+    return f"{'-':>7}" if x is None else f"{x:7.2f}"
+
+
+def geomean(xs: List[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+class Reporter:
+    """Turns rank 0's events into the printed table and the JSON records."""
+
+    def __init__(self, spec: BenchSpec, write: Callable[[str], None], json_path: Optional[str] = None,
+                 command: Optional[str] = None) -> None:
+        self.spec = spec
+        self.write = write
+        self.json_path = json_path
+        self.command = command
+        self.both = len(spec.backends) > 1
+        self.rows: Dict[str, List[Dict[str, dict]]] = OrderedDict()
+        self.records: List[dict] = []
+        self._json: Optional[TextIO] = None
+        self.started = datetime.datetime.now().astimezone()
+        if json_path:
+            self._json = open(json_path, "w")
+
+    # ------------------------------------------------------------------ header
+    def header(self) -> None:
+        s = self.spec
+        w = self.write
+        w(f"# linkescape bench: {self.command or 'linkescape bench'}")
+        w(f"# date: {self.started.isoformat(timespec='seconds')}  host: {socket.gethostname()}  "
+          f"kernel: {platform.release()}  cpus: {os.cpu_count()}")
+        w(f"# tcp_congestion_control: {tcp_congestion_control() or 'unknown'}  "
+          f"GLOO_SOCKET_IFNAME: {os.environ.get('GLOO_SOCKET_IFNAME', 'lo')}")
+        sizes = s.sizes
+        w(f"# world_size: {s.world_size}  rails: {','.join(s.rails)}  backends: {','.join(s.backends)}"
+          + ("  (alternating order per size)" if self.both else ""))
+        w(f"# ops: {','.join(s.ops)}  sizes: {format_size(min(sizes))}..{format_size(max(sizes))} "
+          f"({len(sizes)} sizes)  dtype: {s.dtype}  redop: {s.redop}  root: {s.root}")
+        w(f"# warmup: {s.warmup}  iters: {s.iters}  validation: {'first run' if s.check else 'off'}  "
+          f"timeout: {s.timeout:g}s  time: median over iterations of the slowest rank")
+        try:
+            from importlib.metadata import version
+
+            lib = f"linkescape {version('linkescape')}"
+        except Exception:  # noqa: BLE001
+            lib = "linkescape"
+        extra = ""
+        if "gloo" in s.backends:
+            try:
+                from importlib.metadata import version
+
+                extra = f"  torch {version('torch')}"
+            except Exception:  # noqa: BLE001
+                pass
+        w(f"# {lib}  python {platform.python_version()}{extra}")
+        w("#")
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "ranks":
+            for r in ev["ranks"]:
+                self.write(f"#  Rank {r['rank']:2d} Pid {r['pid']:7d} on {r['host']} rails {','.join(r['rails'])}")
+            self.write("#")
+        elif kind == "op":
+            self._op_header(ev["op"])
+        elif kind == "row":
+            self._row(ev["op"], ev["records"])
+
+    def _op_header(self, op: str) -> None:
+        s = self.spec
+        info = OPS[op]
+        redop = s.redop if info.reduces else "-"
+        root = s.root if info.rooted else "-"
+        extra = "  (ping-pong rank 0 <-> 1, one-way time)" if op == "send_recv" else ""
+        self.write(f"# {op}  dtype {s.dtype}  redop {redop}  root {root}  world_size {s.world_size}  "
+                   f"busbw factor {info.factor(s.world_size):.3f}{extra}")
+        lead = " " * len(COLS)
+        groups = "".join(f" {b:^{len(GROUP) - 1}}" for b in s.backends)
+        if self.both:
+            groups += f"{'linkescape/gloo':^{len(RATIO_COLS)}}"
+        self.write("#" + (lead + groups)[1:].rstrip())
+        cols = COLS + GROUP * len(s.backends) + (RATIO_COLS if self.both else "")
+        units = UNITS0 + UNITS * len(s.backends) + (RATIO_UNITS if self.both else "")
+        self.write(cols)
+        self.write(units.rstrip())
+
+    def _row(self, op: str, records: List[dict]) -> None:
+        by = {r["backend"]: r for r in records}
+        first = records[0]
+        line = f"{first['size']:12d}  {first['count']:12d}  {first['type']:>8}"
+        for b in self.spec.backends:
+            r = by[b]
+            line += f" {fmt_time(r['time_us'])}  {fmt_bw(r['algbw'])}  {fmt_bw(r['busbw'])}  {fmt_wrong(r['wrong'])}"
+        if self.both:
+            rt = ratios(by)
+            if rt:
+                line += f"  {_r(rt[0])}  {_r(rt[1])}"
+        self.write(line)
+        self.rows.setdefault(op, []).append(by)
+        for r in records:
+            self.records.append(r)
+            if self._json is not None:
+                self._json.write(json.dumps(r) + "\n")
+        if self._json is not None:
+            self._json.flush()
+
+    # ------------------------------------------------------------------ summary
+    def finish(self) -> int:
+        """Prints the summary; returns the number of wrong elements."""
+        w = self.write
+        wrong = sum(r["wrong"] or 0 for r in self.records)
+        w("#")
+        for b in self.spec.backends:
+            bws = [r["busbw"] for r in self.records if r["backend"] == b and not OPS[r["op"]].sizeless]
+            if bws:
+                w(f"# Avg bus bandwidth ({b}) : {statistics.fmean(bws):.3f} GB/s")
+        if self.both and self.rows:
+            w("#")
+            w("# linkescape/gloo per op: busbw ratio > 1 and time ratio < 1 favour linkescape "
+              "(geometric mean over sizes [min..max])")
+            for op, rows in self.rows.items():
+                rs = [ratios(by) for by in rows]
+                bw = [x[0] for x in rs if x and x[0]]
+                tm = [x[1] for x in rs if x and x[1]]
+                text = f"#   {op:<15}"
+                if bw:
+                    text += f" busbw {geomean(bw):5.2f} [{min(bw):.2f}..{max(bw):.2f}]"
+                if tm:
+                    text += f"   time {geomean(tm):5.2f} [{min(tm):.2f}..{max(tm):.2f}]"
+                w(text)
+        w("#")
+        if self.spec.check:
+            w(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        else:
+            w("# Out of bounds values : not checked (--no-check)")
+        w("#")
+        return wrong
+
+    def close(self) -> None:
+        if self._json is not None:
+            self._json.close()
+            self._json = None
+
+
+# ====================================================================== medians of runs
+def load(paths: Iterable[str]) -> List[List[dict]]:
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        stripped = text.lstrip()
+        if stripped.startswith("["):
+            runs.append(json.loads(text))
+        else:
+            runs.append([json.loads(line) for line in text.splitlines() if line.strip()])
+    return runs
+
+
+def median_table(runs: List[List[dict]]) -> List[dict]:
+    """One row per (op, world_size, type, size): per backend the median time
+    over runs (and the busbw at that time), and the median over runs of the
+    side-by-side ratios."""
+    cells: Dict[tuple, Dict[str, list]] = OrderedDict()
+    pairs: Dict[tuple, list] = defaultdict(list)
+    for run in runs:
+        per_key: Dict[tuple, Dict[str, dict]] = defaultdict(dict)
+        for r in run:
+            key = (r["op"], r["world_size"], r["type"], r["size"])
+            cells.setdefault(key, defaultdict(list))[r["backend"]].append(r)
+            per_key[key][r["backend"]] = r
+        for key, by in per_key.items():
+            rt = ratios(by)
+            if rt:
+                pairs[key].append(rt)
+    out = []
+    for key, by in cells.items():
+        row = {"op": key[0], "world_size": key[1], "type": key[2], "size": key[3]}
+        for b, recs in by.items():
+            times = [r["time_us"] for r in recs]
+            t = statistics.median(times)
+            factor = recs[0]["busbw_factor"]
+            row[b] = {"time_us": t, "busbw": (key[3] / t / 1e3 * factor) if t > 0 else 0.0, "runs": len(recs),
+                      "wrong": sum(r["wrong"] or 0 for r in recs)}
+        rs = pairs.get(key)
+        if rs:
+            bw = [x[0] for x in rs if x[0]]
+            tm = [x[1] for x in rs if x[1]]
+            row["busbw_ratio"] = statistics.median(bw) if bw else None
+            row["time_ratio"] = statistics.median(tm) if tm else None
+            row["busbw_ratios"] = bw
+            row["time_ratios"] = tm
+        out.append(row)
+    return out
+
+
+def _size_text(n: int) -> str:
+    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult} {suffix}"
+    return f"{n} B"
+
+
+def format_medians(rows: List[dict], markdown: bool = False) -> str:
+    backends = [b for b in ("linkescape", "gloo") if any(b in r for r in rows)]
+    head = ["op", "ranks", "size"]
+    for b in backends:
+        head += [f"{b} time (us)", f"{b} busbw (GB/s)"]
+    if len(backends) == 2:
+        head += ["busbw ratio", "time ratio", "runs"]
+    lines = []
+    body = []
+    for r in rows:
+        cells = [r["op"], str(r["world_size"]), _size_text(r["size"])]
+        for b in backends:
+            c = r.get(b)
+            cells += ([fmt_time(c["time_us"]).strip(), f"{c['busbw']:.3f}"] if c else ["-", "-"])
+        if len(backends) == 2:
+            bw, tm = r.get("busbw_ratio"), r.get("time_ratio")
+            cells += [f"{bw:.2f}" if bw else "-", f"{tm:.2f}" if tm else "-",
+                      str(min(r[b]["runs"] for b in backends if b in r))]
+        body.append(cells)
+    if markdown:
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join("---:" if i > 0 else "---" for i in range(len(head))) + "|")
+        lines.extend("| " + " | ".join(c) + " |" for c in body)
+    else:
+        widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(head)]
+        lines.append("  ".join(h.rjust(wd) for h, wd in zip(head, widths)))
+        lines.extend("  ".join(c.rjust(wd) for c, wd in zip(cells, widths)) for cells in body)
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m linkescape.bench.report",
+                                 description="Median over runs of `linkescape bench --json` records.")
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--json", dest="json_out", help="write the median rows as JSON here")
+    args = ap.parse_args(argv)
+    rows = median_table(load(args.files))
+    print(format_medians(rows, args.markdown))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

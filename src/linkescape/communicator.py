@@ -1,0 +1,400 @@
+"""The public communicator: rendezvous, validation, dispatch to algorithms, Work."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import ops as _ops
+from .algorithms import exchange, latency, ring
+from .algorithms.base import Schedule, byte_view
+from .config import Config
+from .engine.core import Engine
+from .engine.link import Link
+from .engine.messages import InMessage, Op, OutMessage
+from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, UsageError
+from .ops import ReduceOp
+from .protocol.frames import P2P_FLAG
+from .protocol.linkstate import Ev
+from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails
+
+log = logging.getLogger("linkescape")
+
+MAX_TAG = (1 << 62) - 1
+
+
+class Work:
+    """Handle of an asynchronous operation."""
+
+    def __init__(self, comm: "Communicator", op: Op) -> None:
+        self._comm = comm
+        self._op = op
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until done; raises the operation's error, or CommTimeout when
+        ``timeout`` passes first (the operation keeps running)."""
+        if not self._op.done:
+            self._comm._engine.wait(self._op, timeout)
+        if not self._op.done:
+            raise CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
+        if self._op.error is not None:
+            raise self._op.error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._op.done
+
+    def exception(self) -> Optional[BaseException]:
+        return self._op.error if self._op.done else None
+
+    def add_done_callback(self, fn) -> None:
+        """``fn(work)`` runs when the operation ends (possibly at once, possibly
+        on the progress thread)."""
+        with self._comm._engine.lock:
+            if self._op.done:
+                run_now = True
+            else:
+                run_now = False
+                self._op.callbacks.append(lambda _op: fn(self))
+        if run_now:
+            fn(self)
+
+
+def _signature(*fields) -> int:
+    return zlib.crc32("|".join(str(f) for f in fields).encode()) & 0x7FFFFFFF
+
+
+class Communicator:
+    """A group of ``world_size`` ranks connected by one link per rail per peer.
+
+    ``store``: a torch.distributed Store or any object with ``set``/``get``.
+    ``rails``: interface names or IPv4 addresses (default ``LINKESCAPE_RAILS``,
+    else the interface that reaches the store's host).
+    """
+
+    def __init__(self, store, rank: int, world_size: int, rails: Optional[Sequence[str]] = None,
+                 config: Optional[Config] = None) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise UsageError(f"world_size must be a positive int, not {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise InvalidRank(rank, world_size)
+        self.config = config or Config.from_env()
+        self.rank = rank
+        self.world_size = world_size
+        self._closed = False
+        self._post_lock = threading.Lock()
+        self._seq = 0
+        self._p2p_seq = 0
+        rails = list(rails) if rails else (list(self.config.rails) if self.config.rails else None)
+        self.rail_addrs, self.rail_ifnames = resolve_rails(rails, store)
+        self.rails = [n or a for n, a in zip(self.rail_ifnames, self.rail_addrs)]
+        from .events import EventLog
+
+        self.events = EventLog(rank, self.config.events)
+        self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
+        self._setup = None
+        if world_size > 1:
+            self._connect(store)
+        self._engine.start_background()
+        log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
+
+    def _connect(self, store) -> None:
+        deadline = time.monotonic() + min(self.config.connect_timeout, self.config.timeout)
+        setup = LinkSetup(self.rank, self.world_size, self.rail_addrs, self.config)
+        self._setup = setup
+        try:
+            job, peers = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline)
+            socks = setup.connect_all(job, peers, deadline)
+        except BaseException:
+            setup.close()
+            raise
+        self.job = job
+        self.peer_addresses = peers
+        now = time.monotonic()
+        for (peer, rail), sock in sorted(socks.items()):
+            status = self._engine.peers[peer].status[rail]
+            link = Link(sock, peer, rail, 1, status, now)
+            status.apply(Ev.CONNECTED, now)
+            self._engine.add_link(link)
+
+    # ------------------------------------------------------------------ helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommClosed("communicator is closed")
+
+    def _array(self, buf, name: str, writable: bool = True) -> np.ndarray:
+        if not isinstance(buf, np.ndarray):
+            raise InvalidBuffer(f"{name} must be a numpy.ndarray, not {type(buf).__name__}")
+        if not buf.flags.c_contiguous:
+            raise InvalidBuffer(f"{name} must be C-contiguous")
+        if writable and not buf.flags.writeable:
+            raise InvalidBuffer(f"{name} is read-only")
+        if not _ops.supported_dtype(buf.dtype):
+            raise _ops.UnsupportedDtype(f"{name} has unsupported dtype {buf.dtype}")
+        return buf
+
+    def _root(self, root: int, what: str = "root") -> int:
+        if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.world_size:
+            raise InvalidRank(root, self.world_size, what)
+        return int(root)
+
+    def _run(self, name: str, sig_fields, build, async_op: bool, finish=None, p2p: bool = False,
+             timeout: Optional[float] = None, rooted: bool = False):
+        self._check_open()
+        with self._post_lock:
+            if p2p:
+                self._p2p_seq += 1
+                seq = self._p2p_seq
+                msg = 0
+            else:
+                self._seq += 1
+                seq = msg = self._seq
+            deadline = time.monotonic() + (timeout if timeout is not None else self.config.timeout)
+            op = Op(seq, name, deadline, collective=not p2p, need_ack=rooted)
+            sched = Schedule(op, self.rank, self.world_size, msg, _signature(name, *sig_fields))
+            build(sched)
+            if finish is not None:
+                op.callbacks.insert(0, lambda o: finish() if o.error is None else None)
+            self._engine.start(op, driven=not async_op)
+        work = Work(self, op)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _reducer(self, op: ReduceOp, dtype: np.dtype, elems: int):
+        return _ops.reducer(op, dtype, min(elems, max(self.config.chunk_bytes // max(dtype.itemsize, 1), 1)))
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, buf: np.ndarray, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+        buf = self._array(buf, "buf")
+        _ops.check_op(op, buf.dtype)
+        flat = buf.reshape(-1)
+        n = self.world_size
+        small = buf.nbytes <= self.config.small_bytes
+        if small:
+            red = _ops.reducer(op, buf.dtype, flat.shape[0])
+        else:
+            red = self._reducer(op, buf.dtype, flat.shape[0])
+
+        def build(s):
+            if n == 1:
+                return
+            (latency.all_reduce if small else ring.all_reduce)(s, flat, red)
+
+        finish = (lambda: _ops.finish_avg(flat, n)) if op is ReduceOp.AVG else None
+        return self._run("all_reduce", (_ops.signature_dtype(buf.dtype), buf.size, op.value), build, async_op, finish)
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, async_op: bool = False):
+        buf = self._array(buf, "buf")
+        root = self._root(root)
+        raw = byte_view(buf)
+        small = buf.nbytes <= self.config.small_bytes
+
+        def build(s):
+            if self.world_size == 1:
+                return
+            if small:
+                latency.broadcast(s, raw, root)
+            else:
+                ring.chain_broadcast(s, raw, root)
+
+        return self._run("broadcast", (_ops.signature_dtype(buf.dtype), buf.size, root), build, async_op,
+                         rooted=True)
+
+    def reduce(self, buf: np.ndarray, root: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False):
+        """Result lands in ``buf`` on ``root``; other ranks' buffers are unchanged."""
+        buf = self._array(buf, "buf")
+        root = self._root(root)
+        _ops.check_op(op, buf.dtype)
+        flat = buf.reshape(-1)
+        n = self.world_size
+        small = buf.nbytes <= self.config.small_bytes
+        work = flat if self.rank == root else flat.copy()
+
+        def build(s):
+            if n == 1:
+                return
+            if small:
+                latency.reduce(s, flat, root, _ops.reducer(op, buf.dtype, flat.shape[0]), work)
+            else:
+                ring.reduce_to_root(s, work, self._reducer(op, buf.dtype, flat.shape[0]), root)
+
+        finish = (lambda: _ops.finish_avg(flat, n)) if op is ReduceOp.AVG and self.rank == root else None
+        return self._run("reduce", (_ops.signature_dtype(buf.dtype), buf.size, op.value, root), build,
+                         async_op, finish, rooted=True)
+
+    def all_gather(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False):
+        out = self._array(out, "out")
+        inp = self._array(inp, "inp", writable=False)
+        n = self.world_size
+        if out.shape != (n, *inp.shape) or out.dtype != inp.dtype:
+            raise InvalidBuffer(f"all_gather: out must have shape {(n, *inp.shape)} and dtype {inp.dtype}, "
+                                f"not {out.shape} {out.dtype}")
+        out[self.rank] = inp
+        oraw = byte_view(out)
+        small = out.nbytes <= self.config.small_bytes
+
+        def build(s):
+            if n == 1:
+                return
+            if small:
+                exchange.all_gather_direct(s, oraw)
+            else:
+                ring.all_gather(s, out.reshape(-1))
+
+        return self._run("all_gather", (_ops.signature_dtype(inp.dtype), inp.size), build, async_op)
+
+    def reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: ReduceOp = ReduceOp.SUM,
+                       async_op: bool = False):
+        out = self._array(out, "out")
+        inp = self._array(inp, "inp", writable=False)
+        n = self.world_size
+        if inp.shape != (n, *out.shape) or out.dtype != inp.dtype:
+            raise InvalidBuffer(f"reduce_scatter: inp must have shape {(n, *out.shape)} and dtype {out.dtype}, "
+                                f"not {inp.shape} {inp.dtype}")
+        _ops.check_op(op, inp.dtype)
+        work = inp.reshape(-1).copy()
+        small = inp.nbytes <= self.config.small_bytes
+        size = out.size
+        r = self.rank
+
+        def build(s):
+            if n == 1:
+                return
+            if small:
+                latency.all_reduce(s, work, _ops.reducer(op, inp.dtype, work.shape[0]))
+            else:
+                ring.reduce_scatter_inplace(s, work, self._reducer(op, inp.dtype, work.shape[0]))
+
+        def finish():
+            res = out.reshape(-1)
+            res[...] = work[r * size:(r + 1) * size]
+            if op is ReduceOp.AVG:
+                _ops.finish_avg(res, n)
+
+        if n == 1:
+            finish()
+            return self._run("reduce_scatter", (), build, async_op)
+        return self._run("reduce_scatter", (_ops.signature_dtype(inp.dtype), out.size, op.value), build,
+                         async_op, finish)
+
+    def all_to_all(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False):
+        out = self._array(out, "out")
+        inp = self._array(inp, "inp", writable=False)
+        n = self.world_size
+        if not inp.shape or inp.shape[0] != n or out.shape != inp.shape or out.dtype != inp.dtype:
+            raise InvalidBuffer(f"all_to_all: inp and out must both have shape ({n}, ...) and one dtype, "
+                                f"not {inp.shape} {inp.dtype} and {out.shape} {out.dtype}")
+        if np.shares_memory(out, inp):
+            raise InvalidBuffer("all_to_all: out and inp must not overlap")
+        oraw, iraw = byte_view(out), byte_view(inp)
+        return self._run("all_to_all", (_ops.signature_dtype(inp.dtype), inp.size),
+                         lambda s: exchange.all_to_all(s, oraw, iraw), async_op)
+
+    def gather(self, out: Optional[np.ndarray], inp: np.ndarray, root: int = 0, async_op: bool = False):
+        inp = self._array(inp, "inp", writable=False)
+        root = self._root(root)
+        n = self.world_size
+        oraw = None
+        if self.rank == root:
+            out = self._array(out, "out")
+            if out.shape != (n, *inp.shape) or out.dtype != inp.dtype:
+                raise InvalidBuffer(f"gather: out must have shape {(n, *inp.shape)} and dtype {inp.dtype}")
+            oraw = byte_view(out)
+        iraw = byte_view(inp)
+        return self._run("gather", (_ops.signature_dtype(inp.dtype), inp.size, root),
+                         lambda s: exchange.gather(s, oraw, iraw, root), async_op, rooted=True)
+
+    def scatter(self, out: np.ndarray, inp: Optional[np.ndarray], root: int = 0, async_op: bool = False):
+        out = self._array(out, "out")
+        root = self._root(root)
+        n = self.world_size
+        iraw = None
+        if self.rank == root:
+            inp = self._array(inp, "inp", writable=False)
+            if inp.shape != (n, *out.shape) or out.dtype != inp.dtype:
+                raise InvalidBuffer(f"scatter: inp must have shape {(n, *out.shape)} and dtype {out.dtype}")
+            iraw = byte_view(inp)
+        oraw = byte_view(out)
+        return self._run("scatter", (_ops.signature_dtype(out.dtype), out.size, root),
+                         lambda s: exchange.scatter(s, oraw, iraw, root), async_op, rooted=True)
+
+    def barrier(self, async_op: bool = False):
+        token = np.zeros(1, np.uint8)
+
+        def build(s):
+            if self.world_size > 1:
+                latency.all_reduce(s, token, _ops.reducer(ReduceOp.MAX, token.dtype, 1))
+
+        return self._run("barrier", (), build, async_op)
+
+    # ------------------------------------------------------------------ point to point
+    def _p2p_peer(self, peer: int, what: str) -> int:
+        peer = self._root(peer, what)
+        if peer == self.rank:
+            raise InvalidRank(peer, self.world_size, f"{what} (own rank)")
+        return peer
+
+    def _tag(self, tag: int) -> int:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) <= MAX_TAG:
+            raise UsageError(f"tag must be an int in [0, {MAX_TAG}], not {tag!r}")
+        return P2P_FLAG | int(tag)
+
+    def send(self, buf: np.ndarray, dst: int, tag: int = 0, async_op: bool = False):
+        buf = self._array(buf, "buf", writable=False)
+        dst = self._p2p_peer(dst, "dst")
+        msg = self._tag(tag)
+        raw = byte_view(buf)
+
+        def build(s):
+            m = OutMessage(s.op, dst, msg, 0, raw)
+            s.op.sends.append(m)
+            s.op.protect(raw)
+
+        return self._run("send", (), build, async_op, p2p=True)
+
+    def recv(self, buf: np.ndarray, src: int, tag: int = 0, async_op: bool = False):
+        buf = self._array(buf, "buf")
+        src = self._p2p_peer(src, "src")
+        msg = self._tag(tag)
+        raw = byte_view(buf)
+
+        def build(s):
+            s.op.recvs.append(InMessage(s.op, src, msg, 0, len(raw), dst=raw))
+            s.op.pending_recvs += 1
+
+        return self._run("recv", (), build, async_op, p2p=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.close(graceful=True)
+        if self._setup is not None:
+            self._setup.close()
+        self.events.close()
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.close(graceful=False)
+        if self._setup is not None:
+            self._setup.close()
+        self.events.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size}, rails={self.rails})"

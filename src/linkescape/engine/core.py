@@ -1,0 +1,811 @@
+"""The progress engine: turns posted messages into frames on links, and frames
+from links into bytes in the caller's memory.
+
+Threading: every socket is non-blocking and every state change happens under
+``self.lock``. A caller that waits for an operation drives progress itself
+(lowest latency); when nobody waits, a background thread does (async
+operations, heartbeats, acks, failure detection).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+from ..config import Config
+from ..errors import (CollectiveMismatch, CommClosed, CommTimeout, LinkEscapeError, LinkFailure, PeerLost,
+                      ProtocolError)
+from ..protocol.channel import AHEAD, DUPLICATE, NEW
+from ..protocol.frames import FLAG_ACK_NOW, P2P_FLAG, Header, Kind, pack_header
+from ..protocol.linkstate import Ev, PathPolicy, State
+from .link import Link, WireItem, is_disconnect
+from .messages import InMessage, Op, OutMessage
+from .peer import Peer, Unexpected
+
+log = logging.getLogger("linkescape.engine")
+
+POLLIN = select.POLLIN
+POLLOUT = select.POLLOUT
+POLLERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
+_CAUSE = {Ev.CARRIER_DOWN: "carrier", Ev.PEER_CARRIER_DOWN: "peer_carrier", Ev.SOCKET_ERROR: "socket_error",
+          Ev.TIMEOUT: "timeout"}
+
+
+class Engine:
+    def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.nrails = nrails
+        self.config = config
+        self.events = events
+        self.peers: Dict[int, Peer] = {p: Peer(p, nrails) for p in range(world_size) if p != rank}
+        self.policy = PathPolicy(primary=0, holddown=config.failback_holddown, stripe=config.policy == "stripe")
+        self.lock = threading.RLock()
+        self.poller = select.poll()
+        self.by_fd: Dict[int, Link] = {}
+        self.masks: Dict[int, int] = {}
+        self.extra_fds: Dict[int, Callable[[int], None]] = {}
+        self.ops: List[Op] = []
+        #: sequence number of the last collective started here
+        self.coll_started = 0
+        self.fatal: Optional[BaseException] = None
+        self.closed = False
+        self.scratch = memoryview(bytearray(1 << 16))
+        self.watermark = 2 * config.chunk_bytes
+        self.settle = 0.002
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.poller.register(self._wake_r, POLLIN)
+        # The background thread waits for input on its own poll object while
+        # idle: CPython forbids two threads in poll() on one object.
+        self.idle_poller = select.poll()
+        self.idle_poller.register(self._wake_r, POLLIN)
+        self._drivers = 0
+        self._drivers_cv = threading.Condition(threading.Lock())
+        self._thread: Optional[threading.Thread] = None
+        self._next_timer = 0.0
+        #: hooks for the failover layer (reconnects, carrier) run on every timer tick
+        self.tickers: List[Callable[[float], None]] = []
+
+    # ------------------------------------------------------------ links
+    def add_link(self, link: Link) -> None:
+        with self.lock:
+            peer = self.peers[link.peer]
+            old = peer.links[link.rail]
+            if old is not None:
+                self._drop_link(old)
+            peer.links[link.rail] = link
+            self.by_fd[link.fd] = link
+            self.masks[link.fd] = POLLIN
+            self.poller.register(link.fd, POLLIN)
+            self.idle_poller.register(link.fd, POLLIN)
+            peer.eof_rails.discard(link.rail)
+            self._reroute(peer, time.monotonic())
+        self.wake()
+
+    def _drop_link(self, link: Link) -> None:
+        if self.by_fd.get(link.fd) is link:
+            for poller in (self.poller, self.idle_poller):
+                try:
+                    poller.unregister(link.fd)
+                except (KeyError, ValueError, OSError):
+                    pass
+            del self.by_fd[link.fd]
+            self.masks.pop(link.fd, None)
+        peer = self.peers[link.peer]
+        if peer.links[link.rail] is link:
+            peer.links[link.rail] = None
+        link.close()
+
+    def link_down(self, link: Link, ev: Ev, detail: str = "") -> None:
+        """A link failed: drop it and move its traffic (lossless: replay)."""
+        now = time.monotonic()
+        peer = self.peers[link.peer]
+        was_active = link.rail in peer.active
+        link.status.apply(ev, now, backoff_max=self.config.reconnect_max)
+        self._drop_link(link)
+        self._emit("link_down", peer.rank, link.rail, _CAUSE[ev], detail=detail)
+        peer.replay = True
+        self._reroute(peer, now, cause=_CAUSE[ev], moved_from=link.rail if was_active else None)
+
+    def _reroute(self, peer: Peer, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
+        old = peer.active
+        new = self.policy.choose(peer.status, now)
+        peer.active = new
+        if not new:
+            if peer.no_path_since is None:
+                peer.no_path_since = now
+                self._emit("no_path", peer.rank, moved_from if moved_from is not None else -1, cause or "socket_error",
+                           since=time.time())
+            return
+        if peer.no_path_since is not None:
+            peer.no_path_since = None
+            peer.replay = True
+        if old and new != old:
+            peer.replay = True
+            if moved_from is not None:
+                self._emit("failover", peer.rank, new[0], cause or "socket_error", from_rail=moved_from)
+            elif new[0] == self.policy.primary or (self.policy.stripe and len(new) > len(old)):
+                self._emit("failback", peer.rank, new[0], None, from_rail=old[0])
+        elif not old and moved_from is not None:
+            self._emit("failover", peer.rank, new[0], cause or "socket_error", from_rail=moved_from)
+
+    def _emit(self, event: str, peer: int, rail: int, cause: Optional[str], **extra) -> None:
+        if self.events is not None:
+            try:
+                self.events.emit(event, peer=peer, rail=rail, cause=cause, **extra)
+            except Exception:  # noqa: BLE001 - the event trail must never break the data path
+                log.exception("event %s could not be recorded", event)
+        else:
+            log.info("%s peer=%s rail=%s cause=%s %s", event, peer, rail, cause, extra)
+
+    # ------------------------------------------------------------ posting
+    def _acquire(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            self.wake()  # whoever holds it may sit in poll(): make it let go
+            self.lock.acquire()
+
+    def start(self, op: Op, driven: bool = True) -> None:
+        """Hand an op's messages (already attached) to the engine, in order.
+        ``driven``: the caller is about to wait, so the background thread
+        need not be woken."""
+        self._acquire()
+        try:
+            if self.fatal is not None:
+                raise self.fatal
+            if self.closed:
+                raise CommClosed("communicator is closed")
+            for m in op.sends:
+                self.peers[m.peer].sendq.append(m)
+                op.peers.add(m.peer)
+            for m in op.recvs:
+                peer = self.peers[m.peer]
+                op.peers.add(m.peer)
+                if m.msg & P2P_FLAG:
+                    self._post_p2p_recv(peer, m)
+                else:
+                    peer.coll_recvs.append(m)
+            self.ops.append(op)
+            op.started = True
+            if op.collective:
+                self.coll_started = op.seq
+            for p in op.peers:
+                self._resume_parked(self.peers[p])
+            for p in op.peers:
+                self._pump(self.peers[p])
+            self._check_op(op, time.monotonic())
+        finally:
+            self.lock.release()
+        if not driven:
+            self.wake()
+
+    def _post_p2p_recv(self, peer: Peer, m: InMessage) -> None:
+        tag = m.msg
+        queue = peer.unexpected.get(tag)
+        if queue and queue[0].done:
+            self._take_unexpected(peer, queue.popleft(), m)
+            return
+        peer.p2p_recvs.setdefault(tag, __import__("collections").deque()).append(m)
+
+    def _take_unexpected(self, peer: Peer, u: Unexpected, m: InMessage) -> None:
+        if u.nbytes != m.nbytes:
+            self._fail_op(m.op, CollectiveMismatch(
+                f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {u.nbytes} bytes",
+                peer=peer.rank, op_seq=m.op.seq))
+            return
+        if m.nbytes:
+            self._protect_range(m.dst)
+            m.dst[:] = u.buf
+        m.received = m.nbytes
+        self._recv_done(peer, m)
+
+    # ------------------------------------------------------------ sending
+    def _pump(self, peer: Peer) -> None:
+        if not peer.active:
+            return
+        links = [peer.links[r] for r in peer.active]
+        links = [l for l in links if l is not None]
+        if not links:
+            return
+        if peer.replay:
+            peer.replay = False
+            ack = peer.recv.cumulative_ack
+            for i, frame in enumerate(peer.send.unacked):
+                link = links[i % len(links)]
+                link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, frame.msg, frame.offset, frame.length,
+                                                frame.sig, arg=frame.arg, flags=frame.flags), frame))
+            peer.recv.ack_sent_upto(ack)
+        sendq = peer.sendq
+        chunk = self.config.chunk_bytes
+        copy_bytes = self.config.copy_bytes
+        schan = peer.send
+        while sendq:
+            m = sendq[0]
+            if m.carved >= m.ready and m.nbytes:
+                break
+            if len(links) == 1:
+                link = links[0]
+            else:
+                link = min(links, key=lambda l: l.out_bytes)
+            if link.out_bytes >= self.watermark:
+                break
+            n = min(chunk, m.ready - m.carved)
+            off = m.carved
+            copy = n <= copy_bytes
+            frame = schan.emit(m.msg, m.sig, off, m.view[off:off + n], copy=copy)
+            frame.arg = m.nbytes
+            op = m.op
+            op.last_seq[peer.rank] = frame.seq
+            flags = 0 if copy and not op.need_ack else FLAG_ACK_NOW
+            frame.flags = flags
+            ack = peer.recv.cumulative_ack
+            link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, m.msg, off, n, m.sig, arg=m.nbytes,
+                                            flags=flags), frame))
+            peer.recv.ack_sent_upto(ack)
+            m.carved += n
+            if m.carved == m.nbytes:
+                sendq.popleft()
+        for link in links:
+            if link.out:
+                self._flush(link)
+
+    def _flush(self, link: Link) -> None:
+        try:
+            emptied = link.flush()
+        except OSError as exc:
+            self.link_down(link, Ev.SOCKET_ERROR, detail=f"send: {exc}")
+            return
+        link.last_sent = time.monotonic()
+        want = POLLIN if emptied else POLLIN | POLLOUT
+        if link.parked:
+            want &= ~POLLIN
+        if self.masks.get(link.fd) != want:
+            self.masks[link.fd] = want
+            self.poller.modify(link.fd, want)
+
+    def _set_reading(self, link: Link, reading: bool) -> None:
+        want = (POLLIN if reading else 0) | (POLLOUT if link.out else 0)
+        if self.masks.get(link.fd) != want:
+            self.masks[link.fd] = want
+            self.poller.modify(link.fd, want)
+
+    # ------------------------------------------------------------ receiving
+    def _on_readable(self, link: Link) -> None:
+        peer = self.peers[link.peer]
+        try:
+            while True:
+                if link.hdr is None:
+                    hdr = link.read_header()
+                    if hdr is None:
+                        continue
+                    link.last_heard = time.monotonic()
+                    if hdr.ack:
+                        peer.send.on_ack(hdr.ack)
+                    if hdr.kind != Kind.DATA:
+                        self._on_control(peer, link, hdr)
+                        if link.status.state is not State.UP:
+                            return
+                        continue
+                    link.hdr = hdr
+                    if not self._bind(peer, link):
+                        return
+                if link.sink_got < len(link.sink):
+                    if not link.read_payload():
+                        continue
+                link.last_heard = time.monotonic()
+                self._deliver(peer, link)
+        except (BlockingIOError, InterruptedError):
+            return
+        except LinkEscapeError as exc:
+            self._set_fatal(exc)
+        except OSError as exc:
+            if is_disconnect(exc):
+                self._on_disconnect(peer, link, exc)
+            else:
+                raise
+        except Exception as exc:  # LinkClosed
+            if is_disconnect(exc):
+                self._on_disconnect(peer, link, exc)
+            else:
+                raise
+
+    def _on_disconnect(self, peer: Peer, link: Link, exc: BaseException) -> None:
+        if peer.closed_by_peer:
+            self._drop_link(link)
+            return
+        peer.eof_rails.add(link.rail)
+        self.link_down(link, Ev.SOCKET_ERROR, detail=f"{type(exc).__name__}: {exc}")
+        # A peer process that died closes every link (FIN/RST) while the
+        # carrier stays up; a broken cable never produces a FIN.
+        if not peer.live_links() and peer.lost is None:
+            self._peer_lost(peer, f"rank {peer.rank} closed every link ({exc or 'EOF'})")
+
+    def _peer_lost(self, peer: Peer, why: str) -> None:
+        peer.lost = PeerLost(why, peer=peer.rank)
+        self._emit("peer_lost", peer.rank, -1, "socket_error", detail=why)
+        for op in list(self.ops):
+            if peer.rank in op.peers and not op.done:
+                self._fail_op(op, peer.lost)
+
+    def _on_control(self, peer: Peer, link: Link, hdr: Header) -> None:
+        if hdr.kind == Kind.BYE:
+            # The peer drained before saying BYE: whatever we still wait for
+            # from it will never come.
+            peer.closed_by_peer = True
+            peer.lost = PeerLost(f"rank {peer.rank} closed its communicator", peer=peer.rank)
+            for op in list(self.ops):
+                if peer.rank in op.peers and not op.done and not op.transferred:
+                    self._fail_op(op, peer.lost)
+        elif hdr.kind == Kind.NOTIFY_DOWN:
+            other = peer.links[hdr.arg] if hdr.arg < len(peer.links) else None
+            peer.peer_carrier_down[hdr.arg] = True
+            if other is not None:
+                self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
+        elif hdr.kind == Kind.NOTIFY_UP:
+            peer.peer_carrier_down[hdr.arg] = False
+        # ACK and HEARTBEAT: the ack in the header and last_heard are all they carry
+
+    def _bind(self, peer: Peer, link: Link) -> bool:
+        """Decide where the current frame's payload goes; False to park."""
+        hdr = link.hdr
+        cls = peer.recv.classify(hdr.seq)
+        if cls is DUPLICATE:
+            link.binding = None
+            link.sink = self._discard(hdr.length)
+        elif cls is AHEAD:
+            return self._park(link)
+        else:
+            cur = peer.cur_in
+            if cur is None:
+                cur = self._match(peer, hdr)
+                if cur is None:
+                    return self._park(link)
+                peer.cur_in = cur
+            elif cur.msg != hdr.msg or cur.received != hdr.offset:
+                raise ProtocolError(f"frame of message {hdr.msg:#x} at offset {hdr.offset} while "
+                                    f"{cur.msg:#x} is at {cur.received}", peer=peer.rank, rail=link.rail)
+            if hdr.offset + hdr.length > cur.nbytes:
+                raise CollectiveMismatch(
+                    f"rank {peer.rank} sent {hdr.offset + hdr.length} bytes where {cur.nbytes} were expected",
+                    peer=peer.rank, op_seq=hdr.msg)
+            link.binding = cur
+            if isinstance(cur, Unexpected):
+                link.sink = cur.buf[hdr.offset:hdr.offset + hdr.length]
+            elif cur.reduce is not None:
+                link.sink = link.staging_view(hdr.length)
+            else:
+                sink = cur.dst[hdr.offset:hdr.offset + hdr.length]
+                self._protect_range(sink)
+                link.sink = sink
+        if link.parked:
+            link.parked = False
+            self._set_reading(link, True)
+        link.sink_got = 0
+        return True
+
+    def _park(self, link: Link) -> bool:
+        if not link.parked:
+            link.parked = True
+            self._set_reading(link, False)
+        return False
+
+    def _match(self, peer: Peer, hdr: Header):
+        if hdr.offset != 0:
+            raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
+        if hdr.msg & P2P_FLAG:
+            queue = peer.p2p_recvs.get(hdr.msg)
+            if queue:
+                m = queue.popleft()
+                if m.nbytes != hdr.arg:
+                    raise CollectiveMismatch(
+                        f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {hdr.arg} bytes",
+                        peer=peer.rank, op_seq=m.op.seq)
+                return m
+            u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
+            peer.unexpected.setdefault(hdr.msg, __import__("collections").deque()).append(u)
+            return u
+        if not peer.coll_recvs or peer.coll_recvs[0].msg > hdr.msg:
+            if hdr.msg <= self.coll_started:
+                raise CollectiveMismatch(
+                    f"rank {peer.rank} sent data for collective #{hdr.msg}, in which rank {self.rank} expects "
+                    f"nothing from it (different operation, root or group)", peer=peer.rank, op_seq=hdr.msg)
+            return None
+        m = peer.coll_recvs[0]
+        if m.msg != hdr.msg or m.sig != hdr.sig or m.nbytes != hdr.arg:
+            raise CollectiveMismatch(_mismatch_text(self.rank, peer.rank, m, hdr), peer=peer.rank, op_seq=m.op.seq)
+        peer.coll_recvs.popleft()
+        return m
+
+    def _discard(self, n: int) -> memoryview:
+        if len(self.scratch) < n:
+            self.scratch = memoryview(bytearray(n))
+        return self.scratch[:n]
+
+    def _deliver(self, peer: Peer, link: Link) -> None:
+        hdr = link.hdr
+        m = link.binding
+        if m is not None:
+            peer.recv.applied(hdr.seq)
+            if isinstance(m, Unexpected):
+                m.received += hdr.length
+                if m.received == m.nbytes:
+                    m.done = True
+                    peer.cur_in = None
+                    queue = peer.p2p_recvs.get(m.msg)
+                    if queue:
+                        peer.unexpected[m.msg].remove(m)
+                        self._take_unexpected(peer, m, queue.popleft())
+            else:
+                if hdr.flags & FLAG_ACK_NOW:
+                    peer.ack_urgent = True  # the sender waits for it
+                if m.reduce is not None and hdr.length:
+                    m.reduce(hdr.offset, link.sink)
+                m.received += hdr.length
+                if m.on_frame is not None:
+                    m.on_frame(m.received)
+                if m.received == m.nbytes:
+                    peer.cur_in = None
+                    self._recv_done(peer, m)
+        link.reset_read()
+        # the next frame may be for a message that is posted now
+        if peer.cur_in is None:
+            self._resume_parked(peer, skip=link)
+
+    def _recv_done(self, peer: Peer, m: InMessage) -> None:
+        m.done = True
+        op = m.op
+        op.pending_recvs -= 1
+        if op.pending_recvs == 0:
+            self._check_op(op, time.monotonic())
+
+    def _resume_parked(self, peer: Peer, skip: Optional[Link] = None) -> None:
+        for link in peer.links:
+            if link is not None and link.parked and link is not skip and link.hdr is not None:
+                try:
+                    if self._bind(peer, link):
+                        pass  # reading resumes through poll
+                except LinkEscapeError as exc:
+                    self._set_fatal(exc)
+
+    # ------------------------------------------------------------ memory safety
+    def _protect_range(self, view: memoryview) -> None:
+        """Before caller memory is overwritten, turn zero-copy frames that
+        point into it into copies, so a replay sends the original bytes."""
+        if not len(view):
+            return
+        lo = None
+        for peer in self.peers.values():
+            if peer.send.unacked:
+                if lo is None:
+                    from ..protocol.channel import address_range
+                    lo, hi = address_range(view)
+                peer.send.materialize(lo, hi)
+
+    def protect_buffer(self, view: memoryview) -> None:
+        with self.lock:
+            self._protect_range(view)
+
+    # ------------------------------------------------------------ completion
+    def _check_op(self, op: Op, now: float) -> None:
+        if op.done or not op.transferred:
+            return
+        if op.need_ack:
+            for p, seq in op.last_seq.items():
+                if self.peers[p].send.acked < seq:
+                    return
+            self._complete(op)
+            return
+        # Settle: the caller gets its memory back only when no zero-copy frame
+        # still points into it. Acks usually arrive within microseconds;
+        # after a short wait the rest is copied.
+        pending = False
+        for p, seq in op.last_seq.items():
+            schan = self.peers[p].send
+            if schan.acked < seq and any(f.zero_copy for f in schan.unacked):
+                pending = True
+                break
+        if pending:
+            if op.settle_until is None:
+                op.settle_until = now + self.settle
+                return
+            if now < op.settle_until:
+                return
+            for lo, hi in op.ranges:
+                for p in op.last_seq:
+                    self.peers[p].send.materialize(lo, hi)
+        self._complete(op)
+
+    def _complete(self, op: Op) -> None:
+        op.done = True
+        try:
+            self.ops.remove(op)
+        except ValueError:
+            pass
+        for cb in op.callbacks:
+            try:
+                cb(op)
+            except Exception:  # noqa: BLE001
+                log.exception("completion callback failed")
+
+    def _fail_op(self, op: Op, exc: BaseException) -> None:
+        if op.done:
+            return
+        op.error = exc
+        # What this op had posted can never be matched now.
+        for m in op.sends:
+            q = self.peers[m.peer].sendq
+            if m in q:
+                q.remove(m)
+        for m in op.recvs:
+            peer = self.peers[m.peer]
+            if m in peer.coll_recvs:
+                peer.coll_recvs.remove(m)
+            for q in peer.p2p_recvs.values():
+                if m in q:
+                    q.remove(m)
+            if peer.cur_in is m:
+                peer.cur_in = None
+        self._complete(op)
+
+    def _set_fatal(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("communicator failed: %s", exc)
+        for op in list(self.ops):
+            self._fail_op(op, exc)
+
+    # ------------------------------------------------------------ the loop
+    def progress_once(self, timeout: float) -> None:
+        """One round: poll, read, write, timers. Caller holds the lock."""
+        try:
+            events = self.poller.poll(max(0.0, timeout) * 1000.0)
+        except InterruptedError:
+            events = []
+        by_fd = self.by_fd
+        for fd, ev in events:
+            link = by_fd.get(fd)
+            if link is None:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                elif fd in self.extra_fds:
+                    self.extra_fds[fd](ev)
+                continue
+            if ev & POLLIN or (ev & POLLERR and not ev & POLLOUT):
+                self._on_readable(link)
+                if by_fd.get(fd) is not link:
+                    continue
+            if ev & POLLOUT:
+                self._flush(link)
+            elif ev & POLLERR and by_fd.get(fd) is link:
+                self._on_disconnect(self.peers[link.peer], link, ConnectionResetError("POLLERR/POLLHUP"))
+        now = time.monotonic()
+        for peer in self.peers.values():
+            if peer.sendq or peer.replay:
+                self._pump(peer)
+            if peer.ack_urgent and peer.recv.ack_owed:
+                self._send_ack(peer)
+        if self.ops:
+            for op in list(self.ops):
+                if not op.done:
+                    self._check_op(op, now)
+                if not op.done and now > op.deadline:
+                    self._timeout_op(op, now)
+        if now >= self._next_timer:
+            self._next_timer = now + min(0.01, self.config.heartbeat_interval / 2)
+            self._timers(now)
+
+    def _send_ack(self, peer: Peer) -> None:
+        links = [peer.links[r] for r in peer.active if peer.links[r] is not None]
+        if not links:
+            return
+        link = links[0]
+        peer.ack_urgent = False
+        ack = peer.recv.cumulative_ack
+        link.queue_control(Kind.ACK, ack)
+        peer.recv.ack_sent_upto(ack)
+        self._flush(link)
+
+    def _timers(self, now: float) -> None:
+        hb = self.config.heartbeat_interval
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is None or link.status.state is not State.UP:
+                    continue
+                if now - link.last_sent >= hb and not link.out:
+                    link.queue_control(Kind.HEARTBEAT, peer.recv.cumulative_ack)
+                    peer.recv.ack_sent_upto(peer.recv.cumulative_ack)
+                    self._flush(link)
+                    if peer.links[link.rail] is not link:
+                        continue
+                if (not link.parked and now - link.last_heard > self.config.silent_timeout):
+                    self.link_down(link, Ev.TIMEOUT, detail=f"nothing heard for {now - link.last_heard:.3f}s")
+            if peer.no_path_since is not None and peer.lost is None:
+                if now - peer.no_path_since > self.config.no_path_timeout:
+                    self._no_path_expired(peer, now)
+            elif peer.active:
+                best = self.policy.choose(peer.status, now)
+                if best != peer.active:
+                    self._reroute(peer, now)
+                    self._pump(peer)
+            if peer.recv.ack_owed:
+                self._send_ack(peer)
+        for tick in self.tickers:
+            tick(now)
+
+    def _no_path_expired(self, peer: Peer, now: float) -> None:
+        since = time.time() - (now - peer.no_path_since)
+        err = LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
+                          f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
+                          rails=list(range(self.nrails)), since=since)
+        peer.lost = err
+        for op in list(self.ops):
+            if peer.rank in op.peers:
+                self._fail_op(op, err)
+
+    def _timeout_op(self, op: Op, now: float) -> None:
+        waiting = sorted({m.peer for m in op.recvs if not m.done} |
+                         {m.peer for m in op.sends if m.carved < m.nbytes})
+        self._fail_op(op, CommTimeout(f"{op.name} (op {op.seq}) timed out waiting for ranks {waiting}",
+                                      peers=waiting, op_seq=op.seq))
+
+    # ------------------------------------------------------------ driving
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def wait(self, op: Op, timeout: Optional[float] = None) -> bool:
+        """Drive progress until ``op`` is done; False on timeout."""
+        if op.done:
+            return True
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._drivers_cv:
+            self._drivers += 1
+        try:
+            self._acquire()
+            try:
+                while not op.done:
+                    now = time.monotonic()
+                    left = 0.05 if end is None else min(0.05, end - now)
+                    if left <= 0:
+                        return op.done
+                    if op.settle_until is not None:
+                        left = min(left, max(0.0, op.settle_until - now))
+                    left = min(left, max(0.0, self._next_timer - now))
+                    self.progress_once(left)
+                return True
+            finally:
+                self.lock.release()
+        finally:
+            with self._drivers_cv:
+                self._drivers -= 1
+                self._drivers_cv.notify_all()
+
+    def start_background(self) -> None:
+        self._thread = threading.Thread(target=self._background, name=f"linkescape-progress-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _background(self) -> None:
+        while not self.closed:
+            with self._drivers_cv:
+                while self._drivers and not self.closed:
+                    self._drivers_cv.wait(0.05)
+            if self.closed:
+                break
+            busy = bool(self.ops) or any(p.sendq or p.replay or any(l is not None and l.out for l in p.links)
+                                         for p in self.peers.values())
+            if busy:
+                if not self.lock.acquire(timeout=0.05):
+                    continue
+                try:
+                    if not self.closed and not self._drivers:
+                        self.progress_once(min(0.01, max(0.0, self._next_timer - time.monotonic())))
+                finally:
+                    self.lock.release()
+            else:
+                # Idle: wait for input without the lock, so a caller can take
+                # over at once; then handle it under the lock.
+                try:
+                    ready = self.idle_poller.poll(max(0.0, self._next_timer - time.monotonic()) * 1000.0)
+                except (InterruptedError, RuntimeError):
+                    ready = []
+                if self._drivers or self.closed:
+                    continue
+                if self.lock.acquire(blocking=False):
+                    try:
+                        if not self.closed and not self._drivers:
+                            self.progress_once(0.0)
+                    finally:
+                        self.lock.release()
+                elif ready:
+                    time.sleep(0.0005)
+
+    def close(self, graceful: bool = True, drain: float = 10.0) -> None:
+        """Graceful: deliver everything still unacknowledged, say BYE on every
+        link, half-close and wait for the peer's EOF, so no RST can destroy
+        bytes the peer has not read yet."""
+        self._acquire()
+        try:
+            if self.closed:
+                return
+            if graceful and self.fatal is None:
+                self._drain(time.monotonic() + drain)
+                self._goodbye(time.monotonic() + 2.0)
+            self.closed = True
+            for peer in self.peers.values():
+                for link in peer.links:
+                    if link is not None:
+                        self._drop_link(link)
+            for op in list(self.ops):
+                self._fail_op(op, CommClosed("communicator closed while the operation was running"))
+        finally:
+            self.lock.release()
+        self.wake()
+        with self._drivers_cv:
+            self._drivers_cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _drain(self, deadline: float) -> None:
+        def pending() -> bool:
+            return any((p.sendq or p.send.unacked) and p.lost is None and p.active for p in self.peers.values())
+        for peer in self.peers.values():
+            peer.ack_urgent = True
+        while pending() and time.monotonic() < deadline:
+            self.progress_once(0.01)
+
+    def _goodbye(self, deadline: float) -> None:
+        import socket as _socket
+
+        links = []
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is not None:
+                    link.queue_control(Kind.BYE, peer.recv.cumulative_ack, arg=peer.send.last_seq)
+                    links.append(link)
+        for link in links:
+            try:
+                while not link.flush():
+                    if time.monotonic() > deadline:
+                        break
+                    select.select([], [link.fd], [], 0.01)
+                link.sock.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
+        # Read (and drop) until the peer's EOF, so closing sends a FIN, not a RST.
+        for link in links:
+            try:
+                link.sock.setblocking(False)
+                while time.monotonic() < deadline:
+                    r, _, _ = select.select([link.fd], [], [], max(0.0, deadline - time.monotonic()))
+                    if not r:
+                        break
+                    if not link.sock.recv(1 << 16):
+                        break
+            except OSError:
+                pass
+
+
+def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:
+    if m.msg != hdr.msg:
+        return (f"rank {peer} is at collective #{hdr.msg} while rank {rank} is at #{m.msg}: "
+                f"the ranks called a different number or sequence of collectives")
+    if m.sig != hdr.sig:
+        return (f"collective #{m.msg} differs between rank {rank} and rank {peer} "
+                f"(operation, dtype, reduce op, root or shape: signature {m.sig:#010x} vs {hdr.sig:#010x})")
+    return f"collective #{m.msg}: rank {peer} sends {hdr.arg} bytes where rank {rank} expects {m.nbytes}"

@@ -1,0 +1,162 @@
+"""One live TCP link to a peer on one rail: non-blocking framed I/O.
+
+The link knows bytes and frames, not messages: the engine tells it where a
+payload goes (``sink``) and what to do when it is whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import socket
+from typing import Deque, Optional
+
+from ..protocol.frames import HEADER_SIZE, Header, Kind, pack_header, unpack_header
+from ..protocol.linkstate import LinkStatus
+
+_WOULD_BLOCK = (BlockingIOError, InterruptedError)
+
+
+class WireItem:
+    """A frame queued on a link. DATA frames point at their OutFrame so that a
+    payload turned into a copy (materialized) is read from the copy."""
+
+    __slots__ = ("header", "frame", "pos", "total")
+
+    def __init__(self, header: bytes, frame=None) -> None:
+        self.header = header
+        self.frame = frame
+        self.pos = 0
+        self.total = HEADER_SIZE + (frame.length if frame is not None else 0)
+
+
+class LinkClosed(Exception):
+    """The peer closed the connection (EOF)."""
+
+
+class Link:
+    __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
+                 "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
+                 "staging", "last_heard", "last_sent", "bytes_sent", "bytes_received", "binding")
+
+    def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.rail = rail
+        self.epoch = epoch
+        self.status = status
+        self.out: Deque[WireItem] = collections.deque()
+        self.out_bytes = 0
+        self.hdr_buf = bytearray(HEADER_SIZE)
+        self.hdr_view = memoryview(self.hdr_buf)
+        self.hdr_got = 0
+        self.hdr: Optional[Header] = None
+        self.sink: Optional[memoryview] = None
+        self.sink_got = 0
+        self.parked = False
+        self.staging: Optional[memoryview] = None
+        self.last_heard = now
+        self.last_sent = now
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.binding = None  # what the current payload is for (set by the engine)
+
+    # ------------------------------------------------------------------ send
+    def queue(self, item: WireItem) -> None:
+        self.out.append(item)
+        self.out_bytes += item.total
+
+    def queue_control(self, kind: int, ack: int, arg: int = 0) -> None:
+        self.queue(WireItem(pack_header(kind, 0, ack, arg=arg)))
+
+    def flush(self) -> bool:
+        """Write as much as the socket takes; True when the queue emptied.
+        Raises OSError when the connection broke."""
+        out = self.out
+        sock = self.sock
+        while out:
+            item = out[0]
+            pos = item.pos
+            if pos < HEADER_SIZE:
+                bufs = [memoryview(item.header)[pos:]]
+                if item.frame is not None:
+                    bufs.append(item.frame.payload)
+            else:
+                bufs = [item.frame.payload[pos - HEADER_SIZE:]]
+            # Gather small following items into the same system call.
+            if item.total - pos < 65536 and len(out) > 1:
+                for nxt in list(out)[1:16]:
+                    if nxt.pos:
+                        break
+                    bufs.append(memoryview(nxt.header))
+                    if nxt.frame is not None:
+                        bufs.append(nxt.frame.payload)
+            try:
+                n = sock.sendmsg(bufs)
+            except _WOULD_BLOCK:
+                return False
+            self.bytes_sent += n
+            self.out_bytes -= n
+            while n and out:
+                item = out[0]
+                left = item.total - item.pos
+                if n >= left:
+                    n -= left
+                    out.popleft()
+                else:
+                    item.pos += n
+                    n = 0
+        return True
+
+    # ------------------------------------------------------------------ recv
+    def read_header(self) -> Optional[Header]:
+        """Read toward the next header; returns it when whole."""
+        got = self.hdr_got
+        n = self.sock.recv_into(self.hdr_view[got:], HEADER_SIZE - got)
+        if n == 0:
+            raise LinkClosed()
+        self.bytes_received += n
+        got += n
+        self.hdr_got = got
+        if got < HEADER_SIZE:
+            return None
+        self.hdr_got = 0
+        return unpack_header(self.hdr_buf)
+
+    def read_payload(self) -> bool:
+        """Read toward the end of the current payload; True when whole."""
+        sink = self.sink
+        got = self.sink_got
+        n = self.sock.recv_into(sink[got:])
+        if n == 0:
+            raise LinkClosed()
+        self.bytes_received += n
+        got += n
+        self.sink_got = got
+        return got == len(sink)
+
+    def staging_view(self, nbytes: int) -> memoryview:
+        if self.staging is None or len(self.staging) < nbytes:
+            self.staging = memoryview(bytearray(max(nbytes, 1 << 16)))
+        return self.staging[:nbytes]
+
+    def reset_read(self) -> None:
+        self.hdr = None
+        self.sink = None
+        self.sink_got = 0
+        self.binding = None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    if isinstance(exc, LinkClosed):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (
+        errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
+        errno.ENETDOWN, errno.ECONNABORTED, errno.ENOTCONN, errno.EBADF)

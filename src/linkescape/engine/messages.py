@@ -1,0 +1,89 @@
+"""What the algorithms post to the engine: messages, and the operation that owns them.
+
+An algorithm posts, per peer and in a fixed order, the messages it sends and
+receives. A send's bytes may become available progressively (``ready``), so a
+pipelined schedule can forward a chunk as soon as it was reduced. A receive
+either lands in the caller's memory (``dst``) or is reduced into it
+(``reduce``), one whole frame at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from ..protocol.channel import address_range
+
+
+class Op:
+    """One collective or point-to-point operation in the engine."""
+
+    __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
+                 "ranges", "settle_until", "peers", "callbacks", "started", "collective", "need_ack",
+                 "last_seq")
+
+    def __init__(self, seq: int, name: str, deadline: float, collective: bool = True,
+                 need_ack: bool = False) -> None:
+        self.seq = seq
+        #: collectives are numbered on every rank alike (p2p ops are not)
+        self.collective = collective
+        #: complete only once every frame was applied by its receiver, so a
+        #: disagreement (two ranks both root) is found within this operation
+        self.need_ack = need_ack
+        #: highest frame seq sent to each peer for this op
+        self.last_seq: dict = {}
+        self.name = name
+        self.sends: List["OutMessage"] = []
+        self.recvs: List["InMessage"] = []
+        self.pending_recvs = 0
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.deadline = deadline
+        #: address ranges of caller memory that zero-copy frames may point into
+        self.ranges: List[tuple] = []
+        self.settle_until: Optional[float] = None
+        self.peers: set = set()
+        self.callbacks: List[Callable[["Op"], None]] = []
+        self.started = False
+
+    def protect(self, view: memoryview) -> None:
+        if len(view):
+            self.ranges.append(address_range(view))
+
+    @property
+    def transferred(self) -> bool:
+        return self.pending_recvs == 0 and all(m.carved == m.nbytes for m in self.sends)
+
+
+class OutMessage:
+    __slots__ = ("peer", "msg", "sig", "view", "nbytes", "ready", "carved", "op")
+
+    def __init__(self, op: Op, peer: int, msg: int, sig: int, view: memoryview, ready: Optional[int] = None):
+        self.op = op
+        self.peer = peer
+        self.msg = msg
+        self.sig = sig
+        self.view = view
+        self.nbytes = len(view)
+        self.ready = self.nbytes if ready is None else ready
+        self.carved = 0
+
+
+class InMessage:
+    """A receive. ``dst`` gets the bytes; with ``reduce``, each whole frame is
+    passed to ``reduce(offset, payload)`` instead, which applies it to memory."""
+
+    __slots__ = ("peer", "msg", "sig", "nbytes", "received", "dst", "reduce", "on_frame", "op", "done")
+
+    def __init__(self, op: Op, peer: int, msg: int, sig: int, nbytes: int, dst: Optional[memoryview] = None,
+                 reduce: Optional[Callable[[int, memoryview], None]] = None,
+                 on_frame: Optional[Callable[[int], None]] = None):
+        self.op = op
+        self.peer = peer
+        self.msg = msg
+        self.sig = sig
+        self.nbytes = nbytes
+        self.received = 0
+        self.dst = dst
+        self.reduce = reduce
+        self.on_frame = on_frame
+        self.done = False

@@ -1,0 +1,59 @@
+"""Everything the engine keeps about one peer: its channel, links and queues."""
+
+from __future__ import annotations
+
+import collections
+from typing import Deque, Dict, List, Optional
+
+from ..protocol.channel import RecvChannel, SendChannel
+from ..protocol.linkstate import LinkStatus, State
+from .link import Link
+from .messages import InMessage, OutMessage
+
+
+class Unexpected:
+    """A point-to-point message that arrived before its receive was posted."""
+
+    __slots__ = ("msg", "sig", "nbytes", "received", "buf", "done")
+
+    def __init__(self, msg: int, sig: int, nbytes: int) -> None:
+        self.msg = msg
+        self.sig = sig
+        self.nbytes = nbytes
+        self.received = 0
+        self.buf = memoryview(bytearray(nbytes))
+        self.done = False
+
+
+class Peer:
+    def __init__(self, rank: int, nrails: int) -> None:
+        self.rank = rank
+        self.send = SendChannel()
+        self.recv = RecvChannel()
+        self.links: List[Optional[Link]] = [None] * nrails
+        self.status: List[LinkStatus] = [LinkStatus(rail=r) for r in range(nrails)]
+        self.sendq: Deque[OutMessage] = collections.deque()
+        self.coll_recvs: Deque[InMessage] = collections.deque()
+        self.p2p_recvs: Dict[int, Deque[InMessage]] = {}
+        self.unexpected: Dict[int, Deque[Unexpected]] = {}
+        #: the message whose frames are arriving now (frames of a message are contiguous)
+        self.cur_in = None
+        #: every unacknowledged frame must be queued again (after a failover)
+        self.replay = False
+        self.active: List[int] = []
+        self.ack_urgent = False
+        self.no_path_since: Optional[float] = None
+        self.closed_by_peer = False
+        self.eof_rails: set = set()
+        self.lost: Optional[BaseException] = None
+        #: when each rail's NIC on the peer's side lost carrier (peer told us)
+        self.peer_carrier_down: Dict[int, bool] = {}
+
+    def live_links(self) -> List[Link]:
+        return [l for l in self.links if l is not None and l.status.state is State.UP]
+
+    def has_recv_work(self) -> bool:
+        return bool(self.coll_recvs) or any(self.p2p_recvs.values()) or self.cur_in is not None
+
+    def has_send_work(self) -> bool:
+        return bool(self.sendq) or bool(self.send.unacked)

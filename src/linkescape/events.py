@@ -1,0 +1,200 @@
+"""The event trail: one JSON line per link event, per rank.
+
+Every link state change a rank observes (a rail going down, traffic moving to
+another rail, the rail coming back, no path left, the peer gone) is recorded
+here. The trail is a contract read by tests, the CLI and operators, so event
+and cause names are fixed strings and unknown ones are rejected at the call
+site rather than written.
+
+The file is written with one ``os.write`` per line on an ``O_APPEND`` file
+descriptor: nothing sits in a user-space buffer (a crash or SIGKILL loses no
+event), and several processes may share one file without interleaving lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
+
+# ----------------------------------------------------------------- contract
+LINK_DOWN = "link_down"
+FAILOVER = "failover"
+LINK_UP = "link_up"
+FAILBACK = "failback"
+NO_PATH = "no_path"
+PEER_LOST = "peer_lost"
+EVENTS = (LINK_DOWN, FAILOVER, LINK_UP, FAILBACK, NO_PATH, PEER_LOST)
+
+CARRIER = "carrier"            # our own NIC lost carrier (netlink)
+PEER_CARRIER = "peer_carrier"  # the peer told us its NIC lost carrier
+SOCKET_ERROR = "socket_error"  # send/recv failed (RST, EPIPE, EHOSTUNREACH, ...)
+TIMEOUT = "timeout"            # nothing heard for the silent timeout
+CAUSES = (CARRIER, PEER_CARRIER, SOCKET_ERROR, TIMEOUT)
+
+#: fields every record has, in this order
+FIELDS = ("ts", "rank", "event", "peer", "rail", "cause")
+
+ENV_VAR = "LINKESCAPE_EVENTS"
+
+_WARNING_EVENTS = frozenset((LINK_DOWN, NO_PATH, PEER_LOST))
+
+logger = logging.getLogger("linkescape.events")
+
+Callback = Callable[[Dict[str, Any]], None]
+
+
+def expand_path(template: str, rank: int) -> str:
+    """Substitute ``{rank}`` in an events path template.
+
+    Plain ``str.replace``, not ``str.format``: a path may contain other braces.
+    """
+    return os.path.expanduser(template.replace("{rank}", str(rank)))
+
+
+class EventLog:
+    """Records link events of one rank: JSON lines file, logging, memory, callbacks.
+
+    ``path_template`` (usually ``$LINKESCAPE_EVENTS``) may contain ``{rank}``;
+    None disables the file but events are still logged, kept and dispatched.
+
+    Callbacks run synchronously inside ``emit``, under the log's (re-entrant)
+    lock, so every subscriber sees events in the same order as the file. They
+    must be quick and must not wait for another thread that emits.
+    """
+
+    def __init__(self, rank: int, path_template: Optional[str] = None, *, keep: int = 1024):
+        self.rank = int(rank)
+        self.path: Optional[str] = expand_path(path_template, self.rank) if path_template else None
+        self._lock = threading.RLock()
+        self._recent: Deque[Dict[str, Any]] = collections.deque(maxlen=keep)
+        self._subscribers: List[Callback] = []
+        self._fd: Optional[int] = None
+        if self.path:
+            parent = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(parent, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    @classmethod
+    def from_env(cls, rank: int, environ: Optional[Mapping[str, str]] = None, **kwargs) -> "EventLog":
+        env = os.environ if environ is None else environ
+        return cls(rank, env.get(ENV_VAR) or None, **kwargs)
+
+    # ---------------------------------------------------------------- emit
+    def emit(self, event: str, *, peer: Optional[int], rail: Optional[int],
+             cause: Optional[str] = None, ts: Optional[float] = None, **extra: Any) -> Dict[str, Any]:
+        """Record one event and return the record (a new dict).
+
+        ``rail`` is the index in this rank's rail list; for ``failover`` and
+        ``failback`` it is the rail that now carries the traffic (pass
+        ``from_rail=`` for the one left). ``ts`` defaults to now (unix seconds).
+        """
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}; expected one of {EVENTS}")
+        if cause is not None and cause not in CAUSES:
+            raise ValueError(f"unknown cause {cause!r}; expected one of {CAUSES}")
+        clash = set(extra).intersection(FIELDS)
+        if clash:
+            raise ValueError(f"extra fields {sorted(clash)} would overwrite the standard ones")
+        record: Dict[str, Any] = {
+            "ts": float(time.time() if ts is None else ts),
+            "rank": self.rank,
+            "event": event,
+            "peer": peer,
+            "rail": rail,
+            "cause": cause,
+        }
+        record.update(extra)
+        # default=str: an odd extra (an exception, a Path) must not lose the event
+        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            if self._fd is not None:
+                try:
+                    os.write(self._fd, line)
+                except OSError:
+                    logger.exception("cannot write event to %s", self.path)
+            self._recent.append(record)
+            self._log(record, extra)
+            for fn in list(self._subscribers):
+                try:
+                    fn(dict(record))
+                except Exception:
+                    logger.exception("event subscriber %r failed", fn)
+        return dict(record)
+
+    def _log(self, record: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+        level = logging.WARNING if record["event"] in _WARNING_EVENTS else logging.INFO
+        if not logger.isEnabledFor(level):
+            return
+        tail = "".join(f" {k}={v}" for k, v in extra.items())
+        logger.log(level, "event %s peer=%s rail=%s cause=%s%s",
+                   record["event"], record["peer"], record["rail"], record["cause"], tail)
+
+    # ------------------------------------------------------- subscriptions
+    def subscribe(self, fn: Callback) -> Callback:
+        """Call ``fn(record)`` for every later event; returns ``fn``."""
+        with self._lock:
+            self._subscribers.append(fn)
+        return fn
+
+    def unsubscribe(self, fn: Callback) -> None:
+        with self._lock:
+            try:
+                self._subscribers.remove(fn)
+            except ValueError:
+                pass
+
+    def recent(self, n: Optional[int] = None) -> List[Dict[str, Any]]:
+        """The last ``n`` (default: all kept) events, oldest first, as copies."""
+        with self._lock:
+            items = list(self._recent)
+        if n is not None:
+            items = items[-n:] if n > 0 else []
+        return [dict(r) for r in items]
+
+    # ------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Close the file; later events are still logged, kept and dispatched."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._fd is not None:
+                os.close(self._fd)
+        except Exception:
+            pass
+
+
+def read_events(path: str) -> List[Dict[str, Any]]:
+    """Parse an events file (for tests and the CLI); skips a torn last line."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+__all__ = [
+    "EventLog", "read_events", "expand_path", "EVENTS", "CAUSES", "FIELDS", "ENV_VAR",
+    "LINK_DOWN", "FAILOVER", "LINK_UP", "FAILBACK", "NO_PATH", "PEER_LOST",
+    "CARRIER", "PEER_CARRIER", "SOCKET_ERROR", "TIMEOUT",
+]

@@ -1,0 +1,98 @@
+"""Test helpers: run a function on N ranks in separate processes.
+
+``run_ranks(n, fn, *args)`` forks ``n`` processes, each builds a Communicator
+over a fresh FileStore and returns ``fn(comm, *args)``; the parent gets the
+list of results (an exception raised in a rank is returned as that exception
+object). A rank that does not finish within ``timeout`` is killed and the call
+raises ``RanksHung`` — a hung collective is a bug, never a slow test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import tempfile
+import traceback
+from typing import Any, Callable, List, Optional, Sequence
+
+from .config import Config
+
+
+class RanksHung(AssertionError):
+    pass
+
+
+class RankError(Exception):
+    """Wraps an exception that a rank raised but that does not pickle."""
+
+
+def _child(conn, rank: int, n: int, store_dir: str, rails, config, fn, args, make_comm: bool) -> None:
+    result: Any
+    try:
+        if make_comm:
+            from .communicator import Communicator
+            from .store import FileStore
+
+            comm = Communicator(FileStore(store_dir, timeout=60), rank, n, rails=rails, config=config)
+            try:
+                result = fn(comm, *args)
+            finally:
+                comm.close()
+        else:
+            result = fn(rank, n, store_dir, *args)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        exc.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
+        result = exc
+    try:
+        conn.send_bytes(pickle.dumps(result))
+    except Exception as exc:  # noqa: BLE001
+        conn.send_bytes(pickle.dumps(RankError(f"{type(result).__name__}: {result} ({exc})")))
+    conn.close()
+    os._exit(0)
+
+
+def run_ranks(n: int, fn: Callable, *args, rails: Optional[Sequence[str]] = ("127.0.0.1",),
+              config: Optional[Config] = None, timeout: float = 60.0, make_comm: bool = True) -> List[Any]:
+    ctx = mp.get_context("fork")
+    store_dir = tempfile.mkdtemp(prefix="linkescape-store-")
+    procs, conns = [], []
+    try:
+        for rank in range(n):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(child, rank, n, store_dir, rails, config, fn, args, make_comm),
+                            daemon=True)
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        results: List[Any] = [None] * n
+        import time
+
+        deadline = time.monotonic() + timeout
+        for rank, conn in enumerate(conns):
+            left = deadline - time.monotonic()
+            if left <= 0 or not conn.poll(left):
+                raise RanksHung(f"rank {rank} of {n} did not finish within {timeout}s")
+            try:
+                results[rank] = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                results[rank] = RankError(f"rank {rank} died (exit code {procs[rank].exitcode})")
+        return results
+    finally:
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def raise_first(results: List[Any]) -> List[Any]:
+    """Re-raise the first exception a rank returned (with its traceback text)."""
+    for rank, res in enumerate(results):
+        if isinstance(res, BaseException):
+            text = getattr(res, "__traceback_text__", "")
+            raise AssertionError(f"rank {rank} raised {type(res).__name__}: {res}\n{text}") from res
+    return results

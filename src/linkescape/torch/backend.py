@@ -1,0 +1,65 @@
+"""Registration of the ``"linkescape"`` torch.distributed backend.
+
+``_autoload`` is the ``torch.backends`` entry point: torch runs it at the end
+of ``import torch``, so ``dist.init_process_group("linkescape")`` works in any
+script (torchrun children included) without importing linkescape. It must be
+cheap and must never raise (torch turns an exception into a failed
+``import torch``): it only registers a creator; the process group module is
+imported when the first group is created. Set TORCH_DEVICE_BACKEND_AUTOLOAD=0
+to turn autoloading off; ``import linkescape.torch`` registers as well.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("linkescape.torch")
+
+BACKEND_NAME = "linkescape"
+DEVICES = ["cpu", "cuda"]
+
+
+def _create(opts, pg_options=None):
+    """Creator for ``Backend.register_backend(..., extended_api=True)``."""
+    from .process_group import ProcessGroupLinkEscape, make_config
+    from .convert import seconds
+
+    timeout_s = seconds(getattr(opts, "timeout", None))
+    return ProcessGroupLinkEscape(
+        opts.store, opts.group_rank, opts.group_size, opts.timeout,
+        group_name=str(getattr(opts, "group_id", "") or ""),
+        global_ranks=list(getattr(opts, "global_ranks_in_group", None) or []) or None,
+        config=make_config(timeout_s, pg_options))
+
+
+def is_registered() -> bool:
+    import torch.distributed as dist
+
+    return BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {})
+
+
+def register() -> bool:
+    """Register the backend with torch.distributed (idempotent). Returns
+    whether it is registered."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    if is_registered():
+        return True
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=DEVICES)
+    return True
+
+
+def _autoload() -> None:
+    """Entry point run by ``import torch``; logs instead of raising."""
+    try:
+        register()
+    except Exception as exc:  # noqa: BLE001 - must never break `import torch`
+        try:
+            log.warning("linkescape: could not register the torch.distributed backend: %s", exc)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["register", "is_registered", "BACKEND_NAME"]

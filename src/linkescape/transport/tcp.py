@@ -1,0 +1,112 @@
+"""TCP transport: sockets, their options, and the link handshake.
+
+A link is one TCP connection between two ranks on one rail (rail i to rail i).
+The higher rank connects to the lower one; the connecting side speaks first.
+Sockets are non-blocking once handed to the engine; the setup helpers here
+block with a deadline.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import time
+from typing import Optional, Tuple
+
+from ..config import Config
+from ..errors import HandshakeError
+from ..protocol.frames import HELLO_SIZE, Hello
+
+log = logging.getLogger("linkescape.transport")
+
+TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
+TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+
+
+def tune(sock: socket.socket, config: Config) -> None:
+    """Socket options shared by both ends of a link."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if config.socket_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_buffer)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, config.socket_buffer)
+    if config.tcp_congestion:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, config.tcp_congestion.encode())
+        except OSError as exc:
+            log.warning("cannot set TCP congestion control %s: %s", config.tcp_congestion, exc)
+    # The kernel should give up on a dead path a little after our own silence
+    # detection has already moved the traffic (so a dead socket is reaped
+    # rather than blocking for ~15 minutes), never before it.
+    user_timeout_ms = int(max(4 * config.silent_timeout, 1.0) * 1000)
+    sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, int(config.silent_timeout * 4))
+    for opt, val in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+def listen(address: str, backlog: int = 128) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, 0))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("handshake timed out")
+        sock.settimeout(remaining)
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionResetError(errno.ECONNRESET, "connection closed during handshake")
+        buf += chunk
+    return bytes(buf)
+
+
+def connect(local: str, remote: Tuple[str, int], hello: Hello, config: Config,
+            deadline: float) -> Tuple[socket.socket, Hello]:
+    """Open a link and do the handshake as the connecting side (blocking)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        tune(sock, config)
+        sock.bind((local, 0))
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.connect(remote)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(hello.pack())
+        reply = Hello.unpack(_recv_exact(sock, HELLO_SIZE, deadline))
+        sock.setblocking(False)
+        return sock, reply
+    except BaseException:
+        sock.close()
+        raise
+
+
+def read_hello(sock: socket.socket, deadline: float) -> Hello:
+    return Hello.unpack(_recv_exact(sock, HELLO_SIZE, deadline))
+
+
+def route_source(host: str) -> str:
+    """The local address the kernel would use to reach ``host`` (no packet sent)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((socket.gethostbyname(host), 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def wait_readable(fd: int, timeout: float) -> bool:
+    r, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    return bool(r)
+
+
+__all__ = ["tune", "listen", "connect", "read_hello", "route_source", "HandshakeError"]

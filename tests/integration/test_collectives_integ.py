@@ -1,0 +1,91 @@
+"""Every operation x world size x dtype x size, in separate processes, against
+numpy references; one and two rails (127.0.0.1 and 127.0.0.2)."""
+
+from __future__ import annotations
+
+import sys
+import os
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from collective_cases import DTYPES, SIZES, check_matrix, run_matrix  # noqa: E402
+
+from linkescape import Config  # noqa: E402
+from linkescape.testing import raise_first, run_ranks  # noqa: E402
+
+# Small segments so that small inputs reach the multi-chunk and ring paths.
+SMALL_CHUNKS = Config(chunk_bytes=4096, small_bytes=2048, copy_bytes=1024, timeout=60)
+
+RAILS = {1: ("127.0.0.1",), 2: ("127.0.0.1", "127.0.0.2")}
+
+
+@pytest.mark.parametrize("rails", [1, 2])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_matrix(world_size, rails):
+    sizes = SIZES if world_size <= 4 else [0, 1, 7, 1003, 5003]
+    results = raise_first(run_ranks(world_size, run_matrix, DTYPES, sizes, rails=RAILS[rails],
+                                    config=SMALL_CHUNKS, timeout=240))
+    bad = check_matrix(results, world_size, DTYPES, sizes)
+    assert not bad, f"{len(bad)} wrong results, first: {bad[:10]}"
+
+
+def _random_all_reduce(comm, seed):
+    out = []
+    for dtype, count in ((np.float32, 300_001), (np.float32, 1000), (np.float16, 5001), (np.float64, 77)):
+        rng = np.random.default_rng([seed, comm.rank, count])
+        buf = rng.standard_normal(count).astype(dtype)
+        comm.all_reduce(buf)
+        out.append(buf)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_bit_identical_across_ranks_and_runs(world_size):
+    """Random floats, where order matters: every rank and every run agree bit for bit."""
+    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60)
+    first = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg))
+    second = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg,
+                                   rails=("127.0.0.1", "127.0.0.2")))
+    for results in (first, second):
+        for rank_res in results[1:]:
+            for a, b in zip(results[0], rank_res):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    for a, b in zip(first[0], second[0]):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _default_config_large(comm):
+    """The default segment size and the ring on a multi-megabyte buffer."""
+    buf = np.full(3 * (1 << 20) + 5, comm.rank + 1, np.float32)
+    comm.all_reduce(buf)
+    g = np.empty((comm.world_size, 1 << 20), np.float32)
+    comm.all_gather(g, np.full(1 << 20, comm.rank, np.float32))
+    b = np.full(5 << 20, comm.rank, np.uint8)
+    comm.broadcast(b, 1)
+    return float(buf.min()), float(buf.max()), g[:, ::4096].copy(), int(b.min()), int(b.max())
+
+
+def test_default_config_large_messages():
+    n = 3
+    for lo, hi, g, bmin, bmax in raise_first(run_ranks(n, _default_config_large, timeout=120)):
+        assert lo == hi == n * (n + 1) / 2
+        assert np.array_equal(g, np.repeat(np.arange(n, dtype=np.float32)[:, None], g.shape[1], axis=1))
+        assert bmin == bmax == 1
+
+
+def _async_many(comm):
+    bufs = [np.full(5000 + i, comm.rank + i, np.int64) for i in range(12)]
+    works = [comm.all_reduce(b, async_op=True) for b in bufs]
+    for w in works:
+        w.wait(timeout=30)
+        assert w.is_completed() and w.exception() is None
+    return [int(b[0]) for b in bufs]
+
+
+def test_async_ops_in_flight():
+    n = 3
+    cfg = Config(chunk_bytes=4096, small_bytes=2048, timeout=60)
+    for res in raise_first(run_ranks(n, _async_many, config=cfg)):
+        assert res == [sum(r + i for r in range(n)) for i in range(12)]

@@ -1,0 +1,148 @@
+"""Faults really cut, blackhole and flap links, and restore really repairs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from linkescape.testbed import faults
+from linkescape.testbed.netns import TestbedError, find_leftovers
+from linkescape.testbed.probe import tcp_check
+from linkescape.testbed.pytest_fixtures import require_nft, testbed, testbed_factory  # noqa: F401
+
+pytestmark = pytest.mark.testbed
+
+T = 0.8  # connect timeout for probes that are expected to fail
+
+
+def _carrier(tb, i, nic):
+    """The kernel's own view from inside the host: /sys/class/net/NIC/carrier."""
+    return tb.exec(i, ["cat", f"/sys/class/net/{nic}/carrier"], capture_output=True, text=True).stdout.strip()
+
+
+def _rx_packets(tb, i, nic):
+    return int(tb.exec(i, ["cat", f"/sys/class/net/{nic}/statistics/rx_packets"],
+                       capture_output=True, text=True).stdout)
+
+
+def test_cut_drops_carrier_and_traffic_restore_repairs(testbed):
+    tb = testbed
+    assert _carrier(tb, 0, "r1") == "1"
+    before = time.time()
+    ts = tb.cut(0, 1)
+    assert before <= ts <= time.time()
+    st = tb.link_state(0, 1)
+    assert st.cut and not st.carrier and st.admin_up and not st.usable
+    assert _carrier(tb, 0, "r1") == "0"
+    flags = tb.exec(0, ["ip", "-br", "link", "show", "r1"], capture_output=True, text=True).stdout
+    assert "NO-CARRIER" in flags and "LOWER_UP" not in flags
+    assert not tcp_check(tb, 0, 1, 1, timeout=T)
+    assert not tcp_check(tb, 1, 0, 1, timeout=T)
+    assert tcp_check(tb, 0, 1, 0) and tcp_check(tb, 0, 1, "mgmt")  # the other rails keep working
+    assert tb.link_state(1, 1).carrier  # only host 0's NIC lost carrier
+    tb.restore(0, 1)
+    tb.restore(0, 1)  # idempotent
+    assert _carrier(tb, 0, "r1") == "1" and tb.link_state(0, 1).usable
+    assert tcp_check(tb, 0, 1, 1) and tcp_check(tb, 1, 0, 1)
+
+
+def test_blackhole_keeps_carrier_but_drops_both_ways(testbed):
+    require_nft()
+    tb = testbed
+    ev = faults.blackhole(tb, 1, 0)
+    assert ev.fault == "blackhole" and ev.host == 1 and ev.rail == 0
+    st = tb.link_state(1, 0)
+    assert st.blackholed and st.carrier and st.admin_up and not st.cut and not st.usable
+    assert _carrier(tb, 1, "r0") == "1"
+    assert not tcp_check(tb, 0, 1, 0, timeout=T)  # into the blackholed host
+    assert not tcp_check(tb, 1, 0, 0, timeout=T)  # out of it
+    assert tcp_check(tb, 0, 1, 1) and tcp_check(tb, 1, 0, "mgmt")
+    tb.blackhole(1, 0)  # applying it twice is harmless
+    tb.restore(1, 0)
+    tb.restore(1, 0)
+    assert not tb.link_state(1, 0).blackholed
+    assert tcp_check(tb, 0, 1, 0) and tcp_check(tb, 1, 0, 0)
+
+
+def test_blackhole_egress_hook_really_drops_outgoing_packets(testbed):
+    """The egress hook alone must stop what the host sends: the peer sees nothing."""
+    require_nft()
+    tb = testbed
+    ev = faults.blackhole(tb, 0, 0)
+    if ev.extra.get("hooks") != "ingress+egress":
+        pytest.skip("kernel has no netdev egress hook; the ingress fallback is tested separately")
+    rx = _rx_packets(tb, 1, "r0")
+    tb.exec(0, [sys.executable, "-c", "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                "[s.sendto(b'x',('198.18.0.2',9)) for _ in range(20)]"], check=True)
+    time.sleep(0.2)
+    assert _rx_packets(tb, 1, "r0") - rx < 5  # 20 datagrams sent, none (or a stray ARP) arrived
+    tb.restore(0, 0)
+
+
+def test_blackhole_ingress_only_fallback(testbed, monkeypatch):
+    """For kernels without the egress hook: ingress on both ends of the veth."""
+    require_nft()
+    monkeypatch.setenv(faults.BLACKHOLE_MODE_ENV, "ingress")
+    tb = testbed
+    ev = faults.blackhole(tb, 0, 1)
+    assert ev.extra["hooks"] == "ingress-both-ends"
+    assert tb.link_state(0, 1).blackholed and tb.link_state(0, 1).carrier
+    tables = subprocess.run(["nft", "list", "tables", "netdev"], capture_output=True, text=True).stdout
+    assert f"{tb.name}_bh_0_1" in tables
+    assert not tcp_check(tb, 0, 1, 1, timeout=T)
+    assert not tcp_check(tb, 1, 0, 1, timeout=T)
+    tb.restore(0, 1)
+    assert tcp_check(tb, 0, 1, 1) and tcp_check(tb, 1, 0, 1)
+    faults.blackhole(tb, 0, 1)  # left in place: down must remove the root-namespace table too
+    name = tb.name
+    tb.down()
+    tables = subprocess.run(["nft", "list", "tables", "netdev"], capture_output=True, text=True).stdout
+    assert f"{name}_bh_" not in tables and find_leftovers(name) == {}
+
+
+def test_flap_alternates_and_ends_up(testbed):
+    tb = testbed
+    evs = tb.flap(0, 0, period=0.4, count=3)
+    assert [e.extra["state"] for e in evs] == ["down", "up"] * 3
+    assert [e.extra["cycle"] for e in evs] == [0, 0, 1, 1, 2, 2]
+    gaps = [b.ts - a.ts for a, b in zip(evs, evs[1:])]
+    assert all(0.1 < g < 0.5 for g in gaps), gaps  # ~0.2 s each half; loose, not a timing target
+    assert tb.link_state(0, 0).usable
+    assert tcp_check(tb, 0, 1, 0)
+
+
+def test_flap_by_duration_and_in_background(testbed):
+    tb = testbed
+    evs = tb.flap(1, 1, period=0.2, duration=0.5)
+    assert len(evs) == 6 and evs[-1].extra["state"] == "up"  # ceil(0.5 / 0.2) cycles
+    with tb.flap_async(0, 1, period=10.0) as f:
+        deadline = time.monotonic() + 2
+        while not f.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.running and not tb.link_state(0, 1).carrier  # down for the first half period
+    seen = f.events  # stopped while down: it must have come back up
+    assert [e.extra["state"] for e in seen] == ["down", "up"]
+    assert tb.link_state(0, 1).usable
+
+
+def test_flap_blackhole_mode(testbed):
+    require_nft()
+    tb = testbed
+    evs = tb.flap(0, "mgmt", period=0.2, count=1, mode="blackhole")
+    assert [e.extra["state"] for e in evs] == ["down", "up"]
+    assert evs[0].extra["hooks"] in ("ingress+egress", "ingress-both-ends")
+    assert not tb.link_state(0, "mgmt").blackholed and tcp_check(tb, 0, 1, "mgmt")
+
+
+def test_fault_arguments_are_checked(testbed):
+    with pytest.raises(TestbedError):
+        testbed.cut(2, 0)
+    with pytest.raises(TestbedError):
+        testbed.cut(0, 2)
+    with pytest.raises(TestbedError):
+        testbed.flap(0, 0, period=0.0, count=1)
+    with pytest.raises(TestbedError):
+        faults.flap(testbed, 0, 0, period=1.0)  # would never end
