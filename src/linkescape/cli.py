@@ -12,23 +12,22 @@ def main() -> None:
 
 
 def _register() -> None:
-    # Each integration owns its commands; import errors surface as they happen.
-    from .bench.cli import bench
-    from .testbed.cli import fault, testbed
-    from .demo import demo
-
-    main.add_command(bench)
-    main.add_command(testbed)
-    main.add_command(fault)
-    main.add_command(demo)
-
-
-try:
-    _register()
-except ImportError as exc:  # pragma: no cover - only while a part is missing
+    # Each integration owns its commands; one that cannot load (a missing
+    # optional dependency) must not take the others down with it.
+    import importlib
     import sys
 
-    print(f"linkescape: some commands are unavailable: {exc}", file=sys.stderr)
+    for module, names in ((".bench.cli", ("bench",)), (".testbed.cli", ("testbed", "fault")), (".demo", ("demo",))):
+        try:
+            mod = importlib.import_module(module, __package__)
+        except ImportError as exc:  # pragma: no cover - only while a part is missing
+            print(f"linkescape: {', '.join(names)} unavailable: {exc}", file=sys.stderr)
+            continue
+        for name in names:
+            main.add_command(getattr(mod, name))
+
+
+_register()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -98,6 +98,7 @@ class Communicator:
         self.events = EventLog(rank, self.config.events)
         self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
         self._setup = None
+        self._recovery = None
         if world_size > 1:
             self._connect(store)
         self._engine.start_background()
@@ -121,6 +122,10 @@ class Communicator:
             link = Link(sock, peer, rail, 1, status, now)
             status.apply(Ev.CONNECTED, now)
             self._engine.add_link(link)
+        from .engine.recovery import Recovery
+
+        self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, setup.listeners, peers, job,
+                                  self.config)
 
     # ------------------------------------------------------------------ helpers
     def _check_open(self) -> None:
@@ -146,7 +151,11 @@ class Communicator:
     def _run(self, name: str, sig_fields, build, async_op: bool, finish=None, p2p: bool = False,
              timeout: Optional[float] = None, rooted: bool = False):
         self._check_open()
-        with self._post_lock:
+        # Ops are posted in program order under the post lock; a synchronous
+        # op is then driven outside it, so another thread may post meanwhile.
+        self._post_lock.acquire()
+        held = True
+        try:
             if p2p:
                 self._p2p_seq += 1
                 seq = self._p2p_seq
@@ -160,11 +169,16 @@ class Communicator:
             build(sched)
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)
-            self._engine.start(op, driven=not async_op)
-        work = Work(self, op)
-        if async_op:
-            return work
-        work.wait()
+            if async_op:
+                self._engine.start(op)
+                return Work(self, op)
+            held = False  # run() releases it once the op is posted
+            self._engine.run(op, self._post_lock)
+        finally:
+            if held:
+                self._post_lock.release()
+        if op.error is not None:
+            raise op.error
         return None
 
     def _reducer(self, op: ReduceOp, dtype: np.dtype, elems: int):
@@ -182,10 +196,15 @@ class Communicator:
         else:
             red = self._reducer(op, buf.dtype, flat.shape[0])
 
+        direct = buf.nbytes * (n - 1) <= self.config.direct_bytes
+
         def build(s):
             if n == 1:
                 return
-            (latency.all_reduce if small else ring.all_reduce)(s, flat, red)
+            if direct:
+                latency.all_reduce_direct(s, flat, red)
+            else:
+                (latency.all_reduce if small else ring.all_reduce)(s, flat, red)
 
         finish = (lambda: _ops.finish_avg(flat, n)) if op is ReduceOp.AVG else None
         return self._run("all_reduce", (_ops.signature_dtype(buf.dtype), buf.size, op.value), build, async_op, finish)
@@ -376,6 +395,8 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        if self._recovery is not None:
+            self._recovery.close()
         self._engine.close(graceful=True)
         if self._setup is not None:
             self._setup.close()
@@ -385,6 +406,8 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        if self._recovery is not None:
+            self._recovery.close()
         self._engine.close(graceful=False)
         if self._setup is not None:
             self._setup.close()

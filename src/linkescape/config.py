@@ -64,6 +64,7 @@ _ENV = {
     "LINKESCAPE_CHUNK_BYTES": ("chunk_bytes", _size),
     "LINKESCAPE_SMALL_BYTES": ("small_bytes", _size),
     "LINKESCAPE_COPY_BYTES": ("copy_bytes", _size),
+    "LINKESCAPE_DIRECT_BYTES": ("direct_bytes", _size),
     "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
     "LINKESCAPE_HEARTBEAT_MS": ("heartbeat_interval", _millis),
     "LINKESCAPE_SILENT_TIMEOUT_MS": ("silent_timeout", _millis),
@@ -89,6 +90,9 @@ class Config:
     chunk_bytes: int = 1 << 20
     #: messages up to this size use the latency algorithms
     small_bytes: int = 64 << 10
+    #: all_reduce sends to every peer directly (one round) while
+    #: size * (world_size - 1) stays under this
+    direct_bytes: int = 4096
     #: frames up to this size are copied into the retransmit store when sent;
     #: larger ones are sent zero-copy from the caller's memory
     copy_bytes: int = 64 << 10

@@ -104,7 +104,7 @@ _ENV_SCRIPT = textwrap.dedent("""
     import os, sys
     keys = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "LINKESCAPE_RAILS", "LINKESCAPE_TESTBED_HOST"]
     line = "ENV " + " ".join(f"{k}={os.environ.get(k)}" for k in keys) + " ARGS=" + ",".join(sys.argv[1:])
-    os.write(1, (line + "\n").encode())  # one write: two local ranks share the host's pipe
+    os.write(1, (line + "\\n").encode())  # one write: two local ranks share the host's pipe
 """)
 
 
@@ -156,3 +156,18 @@ def test_launch_stops_the_others_when_one_host_fails(tb2, tmp_path):
     text = out.read_text()
     assert "[h0] node 0 mgmt 198.19.0.1 r0,r1" in text and "[h1] node 1" in text
     assert launch(tb2, ["job.py"], torchrun=[sys.executable, str(fake)], timeout=0.5, stdout=open(os.devnull, "w")) == 124
+
+
+@pytest.mark.testbed
+def test_flap_in_background_ends_up_on_sigterm(tb2):
+    """Benchmarks run `fault flap` as a background process and stop it with SIGTERM."""
+    cmd = [sys.executable, "-m", "linkescape.testbed.cli", "fault", "flap", "--host", "0", "--rail", "1",
+           "--period", "20", "--name", tb2.name]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    first = json.loads(proc.stdout.readline())
+    assert first["state"] == "down" and not tb2.link_state(0, 1).carrier
+    proc.terminate()
+    rest, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert [e["state"] for e in _json_lines(rest)] == ["up"]
+    assert tb2.link_state(0, 1).usable

@@ -61,14 +61,19 @@ class Engine:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.poller.register(self._wake_r, POLLIN)
-        # The background thread waits for input on its own poll object while
-        # idle: CPython forbids two threads in poll() on one object.
+        # The background thread waits on its own poll object while idle
+        # (CPython forbids two threads in poll() on one object). It does not
+        # watch the links: a caller driving an operation must not have a
+        # second thread woken by every frame; idle input waits for the next
+        # timer tick, and async operations switch the thread to busy polling.
         self.idle_poller = select.poll()
         self.idle_poller.register(self._wake_r, POLLIN)
         self._drivers = 0
         self._drivers_cv = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
         self._next_timer = 0.0
+        #: called when a down link should be re-dialed now (set by Recovery)
+        self.on_redial: Optional[Callable[[], None]] = None
         #: hooks for the failover layer (reconnects, carrier) run on every timer tick
         self.tickers: List[Callable[[float], None]] = []
 
@@ -83,10 +88,26 @@ class Engine:
             self.by_fd[link.fd] = link
             self.masks[link.fd] = POLLIN
             self.poller.register(link.fd, POLLIN)
-            self.idle_poller.register(link.fd, POLLIN)
             peer.eof_rails.discard(link.rail)
             self._reroute(peer, time.monotonic())
         self.wake()
+
+    def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
+        """Watch another descriptor (carrier monitor, listener) from both loops."""
+        with self.lock:
+            self.extra_fds[fd] = handler
+            self.poller.register(fd, POLLIN)
+            self.idle_poller.register(fd, POLLIN)
+        self.wake()
+
+    def remove_fd(self, fd: int) -> None:
+        with self.lock:
+            self.extra_fds.pop(fd, None)
+            for poller in (self.poller, self.idle_poller):
+                try:
+                    poller.unregister(fd)
+                except (KeyError, ValueError, OSError):
+                    pass
 
     def _drop_link(self, link: Link) -> None:
         if self.by_fd.get(link.fd) is link:
@@ -101,6 +122,49 @@ class Engine:
         if peer.links[link.rail] is link:
             peer.links[link.rail] = None
         link.close()
+
+    def adopt_link(self, link: Link, peer_expected: int) -> None:
+        """A re-opened link (either side dialed): put it in service."""
+        peer = self.peers[link.peer]
+        now = time.monotonic()
+        old = peer.links[link.rail]
+        if old is not None:
+            # the peer re-dialed, so it considers the old connection dead
+            self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
+        cause = link.status.down_cause
+        link.status.apply(Ev.CONNECTED, now)
+        peer.links[link.rail] = link
+        self.by_fd[link.fd] = link
+        self.masks[link.fd] = POLLIN
+        self.poller.register(link.fd, POLLIN)
+        peer.eof_rails.discard(link.rail)
+        peer.refused.discard(link.rail)
+        if peer.send.acked < peer_expected - 1 <= peer.send.last_seq:
+            peer.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
+        self._emit("link_up", peer.rank, link.rail, _CAUSE.get(cause), epoch=link.epoch)
+        self._reroute(peer, now, cause=_CAUSE.get(cause))
+        self._pump(peer)
+
+    def notify_peers(self, kind: int, rail: int) -> None:
+        """Tell every peer, over any surviving link, about our NIC on ``rail``."""
+        for peer in self.peers.values():
+            links = [l for l in peer.live_links() if l.rail != rail]
+            if not links:
+                continue
+            link = next((l for l in links if l.rail in peer.active), links[0])
+            link.queue_control(kind, peer.recv.cumulative_ack, arg=rail)
+            self._flush(link)
+
+    def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
+        peer = self.peers[peer_rank]
+        if refused:
+            peer.refused.add(rail)
+        else:
+            peer.refused.discard(rail)
+        # Nobody listens on any rail while our NICs are fine: the process is gone.
+        if (peer.no_path_since is not None and peer.lost is None
+                and len(peer.refused) == self.nrails):
+            self._peer_lost(peer, f"rank {peer_rank} refuses connections on every rail")
 
     def link_down(self, link: Link, ev: Ev, detail: str = "") -> None:
         """A link failed: drop it and move its traffic (lossless: replay)."""
@@ -126,8 +190,9 @@ class Engine:
         if peer.no_path_since is not None:
             peer.no_path_since = None
             peer.replay = True
+        if moved_from is not None:
+            peer.replay = True  # what was on the dead link is lost: resend all unacked
         if old and new != old:
-            peer.replay = True
             if moved_from is not None:
                 self._emit("failover", peer.rank, new[0], cause or "socket_error", from_rail=moved_from)
             elif new[0] == self.policy.primary or (self.policy.stripe and len(new) > len(old)):
@@ -150,39 +215,68 @@ class Engine:
             self.wake()  # whoever holds it may sit in poll(): make it let go
             self.lock.acquire()
 
-    def start(self, op: Op, driven: bool = True) -> None:
-        """Hand an op's messages (already attached) to the engine, in order.
-        ``driven``: the caller is about to wait, so the background thread
-        need not be woken."""
+    def start(self, op: Op) -> None:
+        """Hand an asynchronous op (messages attached) to the engine; the
+        background thread drives it until someone waits."""
         self._acquire()
         try:
-            if self.fatal is not None:
-                raise self.fatal
-            if self.closed:
-                raise CommClosed("communicator is closed")
-            for m in op.sends:
-                self.peers[m.peer].sendq.append(m)
-                op.peers.add(m.peer)
-            for m in op.recvs:
-                peer = self.peers[m.peer]
-                op.peers.add(m.peer)
-                if m.msg & P2P_FLAG:
-                    self._post_p2p_recv(peer, m)
-                else:
-                    peer.coll_recvs.append(m)
-            self.ops.append(op)
-            op.started = True
-            if op.collective:
-                self.coll_started = op.seq
-            for p in op.peers:
-                self._resume_parked(self.peers[p])
-            for p in op.peers:
-                self._pump(self.peers[p])
-            self._check_op(op, time.monotonic())
+            self._start_locked(op)
         finally:
             self.lock.release()
-        if not driven:
-            self.wake()
+        self.wake()
+
+    def run(self, op: Op, posted=None) -> None:
+        """Start ``op`` and drive it to completion from the calling thread;
+        ``posted`` (a held lock) is released once the op is in the engine."""
+        with self._drivers_cv:
+            self._drivers += 1
+        try:
+            self._acquire()
+            try:
+                try:
+                    self._start_locked(op)
+                finally:
+                    if posted is not None:
+                        posted.release()
+                self._drive_locked(op, None)
+            finally:
+                self.lock.release()
+        finally:
+            self._driver_done()
+
+    def _start_locked(self, op: Op) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+        if self.closed:
+            raise CommClosed("communicator is closed")
+        peers = self.peers
+        for m in op.sends:
+            peer = peers[m.peer]
+            if peer.lost is not None:
+                raise peer.lost
+            op.peers.add(m.peer)
+        for m in op.recvs:
+            peer = peers[m.peer]
+            if peer.lost is not None:
+                raise peer.lost
+            op.peers.add(m.peer)
+        for m in op.sends:
+            peers[m.peer].sendq.append(m)
+        for m in op.recvs:
+            peer = peers[m.peer]
+            if m.msg & P2P_FLAG:
+                self._post_p2p_recv(peer, m)
+            else:
+                peer.coll_recvs.append(m)
+        self.ops.append(op)
+        op.started = True
+        if op.collective:
+            self.coll_started = op.seq
+        for p in op.peers:
+            self._resume_parked(peers[p])
+        for p in op.peers:
+            self._pump(peers[p])
+        self._check_op(op, time.monotonic())
 
     def _post_p2p_recv(self, peer: Peer, m: InMessage) -> None:
         tag = m.msg
@@ -325,12 +419,24 @@ class Engine:
         if not peer.live_links() and peer.lost is None:
             self._peer_lost(peer, f"rank {peer.rank} closed every link ({exc or 'EOF'})")
 
-    def _peer_lost(self, peer: Peer, why: str) -> None:
+    def _peer_lost(self, peer: Peer, why: str, cause: str = "socket_error") -> None:
         peer.lost = PeerLost(why, peer=peer.rank)
-        self._emit("peer_lost", peer.rank, -1, "socket_error", detail=why)
+        self._emit("peer_lost", peer.rank, -1, cause, detail=why)
+        # A collective cannot complete without one of its members: every
+        # operation fails now rather than waiting for its deadline.
+        self._set_fatal(peer.lost)
+
+    def _fail_ops_needing(self, peer: Peer, exc: BaseException) -> None:
+        """Fail the operations that still need something from ``peer``."""
+        rank = peer.rank
+        acked = peer.send.acked
         for op in list(self.ops):
-            if peer.rank in op.peers and not op.done:
-                self._fail_op(op, peer.lost)
+            if op.done or rank not in op.peers:
+                continue
+            if (any(m.peer == rank and not m.done for m in op.recvs)
+                    or any(m.peer == rank and m.carved < m.nbytes for m in op.sends)
+                    or (op.need_ack and op.last_seq.get(rank, 0) > acked)):
+                self._fail_op(op, exc)
 
     def _on_control(self, peer: Peer, link: Link, hdr: Header) -> None:
         if hdr.kind == Kind.BYE:
@@ -338,9 +444,7 @@ class Engine:
             # from it will never come.
             peer.closed_by_peer = True
             peer.lost = PeerLost(f"rank {peer.rank} closed its communicator", peer=peer.rank)
-            for op in list(self.ops):
-                if peer.rank in op.peers and not op.done and not op.transferred:
-                    self._fail_op(op, peer.lost)
+            self._fail_ops_needing(peer, peer.lost)
         elif hdr.kind == Kind.NOTIFY_DOWN:
             other = peer.links[hdr.arg] if hdr.arg < len(peer.links) else None
             peer.peer_carrier_down[hdr.arg] = True
@@ -348,6 +452,11 @@ class Engine:
                 self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
         elif hdr.kind == Kind.NOTIFY_UP:
             peer.peer_carrier_down[hdr.arg] = False
+            if hdr.arg < len(peer.status) and peer.status[hdr.arg].state is State.DOWN:
+                peer.status[hdr.arg].next_probe = time.monotonic()
+                peer.status[hdr.arg].backoff = 0.0
+                if self.on_redial is not None:
+                    self.on_redial()
         # ACK and HEARTBEAT: the ack in the header and last_heard are all they carry
 
     def _bind(self, peer: Peer, link: Link) -> bool:
@@ -355,8 +464,11 @@ class Engine:
         hdr = link.hdr
         cls = peer.recv.classify(hdr.seq)
         if cls is DUPLICATE:
+            # a replay of something we have: our ack may have died with a link
             link.binding = None
             link.sink = self._discard(hdr.length)
+            peer.recv.ack_sent = 0
+            peer.ack_urgent = True
         elif cls is AHEAD:
             return self._park(link)
         else:
@@ -429,8 +541,12 @@ class Engine:
     def _deliver(self, peer: Peer, link: Link) -> None:
         hdr = link.hdr
         m = link.binding
+        if m is not None and hdr.seq != peer.recv.expected:
+            m = None  # another link delivered this frame first: a duplicate now
         if m is not None:
             peer.recv.applied(hdr.seq)
+            if hdr.flags & FLAG_ACK_NOW:
+                peer.ack_urgent = True  # the sender waits for it
             if isinstance(m, Unexpected):
                 m.received += hdr.length
                 if m.received == m.nbytes:
@@ -441,8 +557,6 @@ class Engine:
                         peer.unexpected[m.msg].remove(m)
                         self._take_unexpected(peer, m, queue.popleft())
             else:
-                if hdr.flags & FLAG_ACK_NOW:
-                    peer.ack_urgent = True  # the sender waits for it
                 if m.reduce is not None and hdr.length:
                     m.reduce(hdr.offset, link.sink)
                 m.received += hdr.length
@@ -451,6 +565,13 @@ class Engine:
                 if m.received == m.nbytes:
                     peer.cur_in = None
                     self._recv_done(peer, m)
+            # A copy of this frame half-read on another (failing) link must
+            # never land in memory that may be reused from now on.
+            for other in peer.links:
+                if (other is not None and other is not link and other.binding is not None
+                        and other.hdr is not None and other.hdr.seq < peer.recv.expected):
+                    other.binding = None
+                    other.sink = self._discard(len(other.sink))
         link.reset_read()
         # the next frame may be for a message that is posted now
         if peer.cur_in is None:
@@ -630,6 +751,8 @@ class Engine:
             if peer.no_path_since is not None and peer.lost is None:
                 if now - peer.no_path_since > self.config.no_path_timeout:
                     self._no_path_expired(peer, now)
+                elif self._silent_everywhere(peer):
+                    self._peer_lost(peer, f"rank {peer.rank} stopped answering on every rail at once", "timeout")
             elif peer.active:
                 best = self.policy.choose(peer.status, now)
                 if best != peer.active:
@@ -640,15 +763,26 @@ class Engine:
         for tick in self.tickers:
             tick(now)
 
+    def _silent_everywhere(self, peer: Peer) -> bool:
+        """Every rail went silent within a short window, with no carrier
+        loss on either side: the peer (process or host), not the network."""
+        sts = peer.status
+        if len(sts) < 2:
+            return False  # one rail: a silent peer and a dead rail look the same
+        if any(st.down_cause is not Ev.TIMEOUT or st.state is State.UP for st in sts):
+            return False
+        if any(peer.peer_carrier_down.get(st.rail) for st in sts):
+            return False
+        times = [st.since for st in sts]
+        return max(times) - min(times) <= self.config.peer_lost_timeout
+
     def _no_path_expired(self, peer: Peer, now: float) -> None:
         since = time.time() - (now - peer.no_path_since)
         err = LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
                           f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
                           rails=list(range(self.nrails)), since=since)
         peer.lost = err
-        for op in list(self.ops):
-            if peer.rank in op.peers:
-                self._fail_op(op, err)
+        self._fail_ops_needing(peer, err)
 
     def _timeout_op(self, op: Op, now: float) -> None:
         waiting = sorted({m.peer for m in op.recvs if not m.done} |
@@ -667,28 +801,39 @@ class Engine:
         """Drive progress until ``op`` is done; False on timeout."""
         if op.done:
             return True
-        end = None if timeout is None else time.monotonic() + timeout
         with self._drivers_cv:
             self._drivers += 1
         try:
             self._acquire()
             try:
-                while not op.done:
-                    now = time.monotonic()
-                    left = 0.05 if end is None else min(0.05, end - now)
-                    if left <= 0:
-                        return op.done
-                    if op.settle_until is not None:
-                        left = min(left, max(0.0, op.settle_until - now))
-                    left = min(left, max(0.0, self._next_timer - now))
-                    self.progress_once(left)
-                return True
+                return self._drive_locked(op, None if timeout is None else time.monotonic() + timeout)
             finally:
                 self.lock.release()
         finally:
-            with self._drivers_cv:
-                self._drivers -= 1
+            self._driver_done()
+
+    def _drive_locked(self, op: Op, end: Optional[float]) -> bool:
+        while not op.done:
+            now = time.monotonic()
+            left = 0.05 if end is None else min(0.05, end - now)
+            if left <= 0:
+                return False
+            if op.settle_until is not None:
+                left = min(left, max(0.0, op.settle_until - now))
+            left = min(left, max(0.0, self._next_timer - now))
+            self.progress_once(left)
+        return True
+
+    def _driver_done(self) -> None:
+        with self._drivers_cv:
+            self._drivers -= 1
+            if not self._drivers and self._async_work():
                 self._drivers_cv.notify_all()
+        if not self._drivers and self._async_work():
+            self.wake()
+
+    def _async_work(self) -> bool:
+        return bool(self.ops) or any(p.sendq or p.replay for p in self.peers.values())
 
     def start_background(self) -> None:
         self._thread = threading.Thread(target=self._background, name=f"linkescape-progress-{self.rank}",
@@ -696,29 +841,22 @@ class Engine:
         self._thread.start()
 
     def _background(self) -> None:
+        """Drive async operations while nobody waits; otherwise tick timers.
+
+        While a caller drives, this thread stays off the lock and off the
+        links, so frames wake exactly one thread."""
         while not self.closed:
-            with self._drivers_cv:
-                while self._drivers and not self.closed:
-                    self._drivers_cv.wait(0.05)
-            if self.closed:
-                break
-            busy = bool(self.ops) or any(p.sendq or p.replay or any(l is not None and l.out for l in p.links)
-                                         for p in self.peers.values())
-            if busy:
-                if not self.lock.acquire(timeout=0.05):
-                    continue
-                try:
-                    if not self.closed and not self._drivers:
-                        self.progress_once(min(0.01, max(0.0, self._next_timer - time.monotonic())))
-                finally:
-                    self.lock.release()
-            else:
-                # Idle: wait for input without the lock, so a caller can take
-                # over at once; then handle it under the lock.
+            if self._drivers or not self._async_work():
                 try:
                     ready = self.idle_poller.poll(max(0.0, self._next_timer - time.monotonic()) * 1000.0)
                 except (InterruptedError, RuntimeError):
                     ready = []
+                for fd, _ in ready:
+                    if fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except OSError:
+                            pass
                 if self._drivers or self.closed:
                     continue
                 if self.lock.acquire(blocking=False):
@@ -727,8 +865,14 @@ class Engine:
                             self.progress_once(0.0)
                     finally:
                         self.lock.release()
-                elif ready:
-                    time.sleep(0.0005)
+                continue
+            if not self.lock.acquire(timeout=0.05):
+                continue
+            try:
+                if not self.closed and not self._drivers:
+                    self.progress_once(min(0.01, max(0.0, self._next_timer - time.monotonic())))
+            finally:
+                self.lock.release()
 
     def close(self, graceful: bool = True, drain: float = 10.0) -> None:
         """Graceful: deliver everything still unacknowledged, say BYE on every

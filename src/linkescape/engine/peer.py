@@ -45,6 +45,8 @@ class Peer:
         self.no_path_since: Optional[float] = None
         self.closed_by_peer = False
         self.eof_rails: set = set()
+        #: rails on which re-dialing was refused (nobody listening)
+        self.refused: set = set()
         self.lost: Optional[BaseException] = None
         #: when each rail's NIC on the peer's side lost carrier (peer told us)
         self.peer_carrier_down: Dict[int, bool] = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import signal
-import subprocess
 import sys
 import threading
 from typing import Any, Callable, Optional, Sequence

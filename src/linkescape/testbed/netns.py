@@ -43,6 +43,7 @@ IFNAMSIZ = 15  # longest interface name the kernel accepts
 NETNS_DIR = "/run/netns"
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+_RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")  # tc parses the unit; no spaces or newlines
 
 
 class TestbedError(LinkEscapeError):
@@ -129,7 +130,7 @@ def _patterns(name: str) -> Dict[str, "re.Pattern[str]"]:
 
 
 def validate_name(name: str) -> str:
-    if not _NAME_RE.match(name or ""):
+    if not _NAME_RE.fullmatch(name or ""):
         raise TestbedError(f"testbed name {name!r} must be a letter followed by letters/digits")
     return name
 
@@ -231,7 +232,11 @@ class Testbed:
         return int(i)
 
     def _check_rail(self, r: Union[int, str]) -> int:
-        if not 0 <= int(r) < self.rails:
+        try:
+            ok = 0 <= int(r) < self.rails
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
             raise TestbedError(f"rail {r} is not in [0, {self.rails}) of testbed {self.name!r}")
         return int(r)
 
@@ -252,12 +257,16 @@ class Testbed:
             raise TestbedError(f"--hosts {hosts}: need 1..254 hosts (198.18.r.1-254)")
         if not 1 <= rails <= 256:
             raise TestbedError(f"--rails {rails}: need 1..256 rails (198.18.0-255.x)")
+        if rate is not None and not _RATE_RE.fullmatch(rate):
+            raise TestbedError(f"--rate {rate!r}: expected a tc rate such as 100mbit or 1gbit")
         tb = cls(name=name, hosts=hosts, rails=rails, rate=rate)
         longest = max(len(tb.root_veth(hosts - 1, rails - 1)), len(tb.bridge(rails - 1)))
         if longest > IFNAMSIZ:
             raise TestbedError(f"testbed name {name!r} too long: interface names would have {longest} "
                                f"characters (max {IFNAMSIZ})")
-        if find_leftovers(name):
+        leftovers = find_leftovers(name)
+        leftovers.pop("state", None)  # a state file alone is stale; _save overwrites it
+        if leftovers:
             if not replace:
                 raise TestbedExists(f"testbed {name!r} already exists; run "
                                     f"'linkescape testbed down --name {name}' first")

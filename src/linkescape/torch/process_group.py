@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..communicator import Communicator
 from ..config import Config
-from ..errors import CommClosed, LinkEscapeError, UsageError
+from ..errors import CommClosed, LinkEscapeError, LinkFailure, PeerLost, UsageError
 from . import convert
 from .convert import Staged, stage, reduce_op, to_numpy
 from .work import LinkEscapeBackendError, LinkEscapeWork, coalesced, stop_completer, wrap_error
@@ -43,6 +43,8 @@ BACKEND_NAME = "linkescape"
 #: torch tags are 32-bit ints, so they never reach it
 A2A_TAG_BASE = 1 << 61
 _A2A_TAG_SPAN = 1 << 40
+#: silent timeout (seconds) used when LINKESCAPE_SILENT_TIMEOUT_MS is not set
+TORCH_SILENT_TIMEOUT = 3.0
 
 _live: Dict[int, "ProcessGroupLinkEscape"] = {}
 _live_lock = threading.Lock()
@@ -77,7 +79,17 @@ def make_config(timeout_s: Optional[float], pg_options=None) -> Config:
     LINKESCAPE_* environment; torch's ``timeout`` replaces the operation and
     connect timeouts, unless it is torch's default and LINKESCAPE_TIMEOUT is
     set."""
-    cfg = pg_options if isinstance(pg_options, Config) else Config.from_env()
+    if isinstance(pg_options, Config):
+        cfg = pg_options
+    else:
+        cfg = Config.from_env()
+        if not os.environ.get("LINKESCAPE_SILENT_TIMEOUT_MS") and cfg.silent_timeout < TORCH_SILENT_TIMEOUT:
+            # torch processes hold the GIL for long stretches (lazy imports,
+            # torch.compile): 0.16 s measured in a lone process on the first
+            # functional collective, over 0.4 s with two ranks on two cores.
+            # The progress thread then sends no heartbeat, and a short silent
+            # timeout would declare healthy links dead.
+            cfg = cfg.replace(silent_timeout=TORCH_SILENT_TIMEOUT)
     if timeout_s is None:
         return cfg
     default = dist.constants.default_pg_timeout.total_seconds()
@@ -113,6 +125,14 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             raise
         except LinkEscapeError as exc:
             raise wrap_error(exc, "init", self._le_rank, self._group_name, self._global_ranks) from exc
+        #: collective works in flight, and group members known to be gone
+        self._inflight: Dict[int, LinkEscapeWork] = {}
+        self._lost: Dict[int, BaseException] = {}
+        self._state_lock = threading.Lock()
+        try:
+            self._comm.events.subscribe(self._on_event)
+        except Exception:  # noqa: BLE001 - an EventLog without subscriptions
+            log.debug("cannot subscribe to link events", exc_info=True)
         with _live_lock:
             _live[id(self)] = self
         _ensure_atexit()
@@ -170,19 +190,73 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
                 CommClosed("process group inherited through fork"), rank=self._le_rank, group=self._group_name)
 
     def _post(self, name: str, issue: Callable[[], list], outputs: List[torch.Tensor],
-              finish: Optional[Callable[[], None]] = None, keep=None, source_rank: int = -1) -> LinkEscapeWork:
+              finish: Optional[Callable[[], None]] = None, keep=None, source_rank: int = -1,
+              collective: bool = True) -> LinkEscapeWork:
         self._check()
+        if collective and self._lost:
+            exc = next(iter(self._lost.values()))
+            raise wrap_error(exc, name, self._le_rank, self._group_name, self._global_ranks) from exc
         try:
             parts = issue()
         except UsageError:
             raise
         except LinkEscapeError as exc:
+            self._note_failure(exc)
             raise wrap_error(exc, name, self._le_rank, self._group_name, self._global_ranks) from exc
         work = LinkEscapeWork(name, parts, outputs, finish, rank=self._le_rank, group=self._group_name,
                               global_ranks=self._global_ranks, keep=keep, source_rank=source_rank)
+        if collective and self._le_size > 1:
+            self._track(work)
+        else:
+            work._listen(self._work_done)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
+
+    # ---- failure propagation
+    # The library fails an operation when a peer it exchanges data with is
+    # lost; a collective whose algorithm reaches the lost rank only through
+    # others would wait for them (or the timeout). Every member's links see
+    # a dead process at once, so the group fails every collective in flight,
+    # and refuses later ones, naming the lost rank.
+    def _track(self, work: LinkEscapeWork) -> None:
+        key = id(work)
+        with self._state_lock:
+            self._inflight[key] = work
+            lost = next(iter(self._lost.values()), None)
+        work._listen(self._work_done)
+        if lost is not None:
+            work._fail(lost)
+
+    def _work_done(self, work: LinkEscapeWork) -> None:
+        with self._state_lock:
+            self._inflight.pop(id(work), None)
+        cause = work._cause
+        if cause is not None:
+            self._note_failure(cause)
+
+    def _note_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, (PeerLost, LinkFailure)) and isinstance(getattr(exc, "peer", None), int):
+            self._peer_gone(exc.peer, exc)
+
+    def _on_event(self, record) -> None:
+        # runs on the library's progress thread, under its locks: be quick
+        if record.get("event") == "peer_lost" and isinstance(record.get("peer"), int):
+            peer = record["peer"]
+            self._peer_gone(peer, PeerLost(str(record.get("detail") or f"rank {peer} was lost"), peer=peer))
+
+    def _peer_gone(self, peer: int, exc: BaseException) -> None:
+        with self._state_lock:
+            self._lost.setdefault(peer, exc)
+            works = list(self._inflight.values())
+        for w in works:
+            w._fail(exc)
+
+    @property
+    def lost_peers(self) -> Dict[int, BaseException]:
+        """Group ranks this group knows to be gone, with the error that said so."""
+        with self._state_lock:
+            return dict(self._lost)
 
     def _root(self, root: int) -> int:
         root = int(root)
@@ -469,13 +543,13 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         staged = [stage(t) for t in tensors]
         comm = self._comm
         return self._post("send", lambda: [comm.send(s.array, int(dst), int(tag), async_op=True) for s in staged],
-                          list(tensors), keep=staged)
+                          list(tensors), keep=staged, collective=False)
 
     def recv(self, tensors, src: int, tag: int = 0) -> LinkEscapeWork:
         staged = [stage(t, load=False) for t in tensors]
         comm = self._comm
         return self._post("recv", lambda: [comm.recv(s.array, int(src), int(tag), async_op=True) for s in staged],
-                          list(tensors), _writeback(staged), keep=staged, source_rank=int(src))
+                          list(tensors), _writeback(staged), keep=staged, source_rank=int(src), collective=False)
 
     def recv_anysource(self, tensors, tag: int = 0) -> LinkEscapeWork:
         raise UsageError("the linkescape backend does not support recv from any source (src=None); "

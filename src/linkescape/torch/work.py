@@ -35,6 +35,9 @@ from ..errors import CommTimeout, LinkEscapeError
 
 log = logging.getLogger("linkescape.torch")
 
+#: a waiting caller drives the library in slices this long (seconds)
+_SLICE = 0.1
+
 
 class LinkEscapeBackendError(dist.DistBackendError):
     """A linkescape operation failed. ``cause`` is the library's typed error
@@ -272,19 +275,34 @@ class LinkEscapeWork(dist.Work):
                 return
         fn(self)
 
+    def _fail(self, exc: BaseException) -> None:
+        """Fail from outside (a group member was lost while this collective,
+        which needs every member, waits for others)."""
+        with self._lock:
+            if self._submitted or self._done.is_set():
+                return
+            if self._cause is None:
+                self._cause = exc
+            self._submitted = True
+        completer().submit(self)
+
     def _wait_done(self, timeout: Optional[float]) -> bool:
         """Drive progress until done; False on timeout. Never raises the op's error."""
         end = None if timeout is None else time.monotonic() + timeout
         for part in self._parts:
-            if self._cause is not None:
+            # in slices, so that a failure from outside (_fail) is seen
+            while not part.is_completed() and self._cause is None:
+                left = _SLICE if end is None else min(_SLICE, end - time.monotonic())
+                if left <= 0:
+                    break
+                try:
+                    part.wait(left)
+                except LinkEscapeError:
+                    pass  # recorded by the callback, or this slice ran out
+                except Exception:  # noqa: BLE001
+                    pass
+            if self._cause is not None or (end is not None and time.monotonic() >= end):
                 break
-            left = None if end is None else max(0.0, end - time.monotonic())
-            try:
-                part.wait(left)
-            except LinkEscapeError:
-                pass  # recorded by the callback (or a timeout, checked below)
-            except Exception:  # noqa: BLE001
-                pass
         with self._lock:
             ready = self._pending == 0 or self._cause is not None
         if ready:

@@ -1,0 +1,231 @@
+"""Escape and return: carrier watching, telling peers, and re-opening links.
+
+- The rank's own NIC losing carrier (netlink) takes down every link on that
+  rail at once, and every peer is told over a surviving link (NOTIFY_DOWN), so
+  neither side waits for a timeout.
+- A link that is down is re-opened by the higher rank of the pair, without
+  limit, with a capped back-off; the lower rank accepts. Re-opened links are
+  re-authenticated with the same handshake as at start-up, with a new epoch.
+- Connecting and accepting block, so they run on a thread of their own that
+  never holds the engine lock while it waits on the network.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..config import Config
+from ..errors import HandshakeError
+from ..protocol.frames import Hello, Kind
+from ..protocol.linkstate import Ev, State
+from ..transport import tcp
+from .link import Link
+
+log = logging.getLogger("linkescape.recovery")
+
+
+class Recovery:
+    def __init__(self, engine, rail_addrs: Sequence[str], rail_ifnames: Sequence[Optional[str]],
+                 listeners: List[socket.socket], peer_addrs: Dict[int, List[Tuple[str, int]]], job: bytes,
+                 config: Config) -> None:
+        self.engine = engine
+        self.rank = engine.rank
+        self.rail_addrs = list(rail_addrs)
+        self.rail_ifnames = list(rail_ifnames)
+        self.listeners = listeners
+        self.peer_addrs = peer_addrs
+        self.job = job
+        self.config = config
+        self.local_down: set = set()
+        self.epochs: Dict[Tuple[int, int], int] = {}
+        self.closed = False
+        self.monitor = None
+        watched = [n for n in self.rail_ifnames if n and n != "lo"]
+        if config.carrier_watch and watched:
+            try:
+                from ..health.carrier import CarrierMonitor
+
+                self.monitor = CarrierMonitor(watched)
+                for rail, name in enumerate(self.rail_ifnames):
+                    if name in watched and not self.monitor.is_up(name):
+                        self.local_down.add(rail)
+                engine.add_fd(self.monitor.fileno(), self._on_carrier)
+            except OSError as exc:
+                log.warning("rank %d: no carrier watch (%s); relying on timeouts", self.rank, exc)
+                self.monitor = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        engine.on_redial = self.wake
+        self.thread = threading.Thread(target=self._loop, name=f"linkescape-recovery-{self.rank}", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------ carrier (engine thread, lock held)
+    def _on_carrier(self, _events: int) -> None:
+        eng = self.engine
+        now = time.monotonic()
+        for ev in self.monitor.poll():
+            rails = [r for r, n in enumerate(self.rail_ifnames) if n == ev.ifname]
+            for rail in rails:
+                if not ev.up:
+                    self.local_down.add(rail)
+                    for peer in eng.peers.values():
+                        link = peer.links[rail]
+                        if link is not None:
+                            eng.link_down(link, Ev.CARRIER_DOWN, detail=f"{ev.ifname} lost carrier")
+                    eng.notify_peers(Kind.NOTIFY_DOWN, rail)
+                else:
+                    self.local_down.discard(rail)
+                    for peer in eng.peers.values():
+                        st = peer.status[rail]
+                        if st.state is State.DOWN:
+                            st.next_probe = now  # retry at once: the cable is back
+                            st.backoff = 0.0
+                    eng.notify_peers(Kind.NOTIFY_UP, rail)
+                    self.wake()
+
+    # ------------------------------------------------------------ thread
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        while not self.closed:
+            timeout = self._next_due() - time.monotonic()
+            try:
+                ready, _, _ = select.select(self.listeners + [self._wake_r], [], [],
+                                            min(max(timeout, 0.0), 0.2))
+            except (OSError, ValueError):
+                if self.closed:
+                    return
+                time.sleep(0.05)
+                continue
+            if self.closed:
+                return
+            for fd in ready:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except OSError:
+                        pass
+                else:
+                    self._accept(fd)
+            for peer, rail in self._due_dials():
+                if self.closed:
+                    return
+                self._dial(peer, rail)
+
+    def _next_due(self) -> float:
+        eng = self.engine
+        due = time.monotonic() + 0.2
+        for peer in eng.peers.values():
+            if peer.rank > self.rank or peer.lost is not None:
+                continue
+            for st in peer.status:
+                if st.state is State.DOWN and st.rail not in self.local_down:
+                    due = min(due, st.next_probe)
+        return due
+
+    def _due_dials(self) -> List[Tuple[int, int]]:
+        eng = self.engine
+        now = time.monotonic()
+        out = []
+        with eng.lock:
+            for peer in eng.peers.values():
+                if peer.rank > self.rank or peer.lost is not None or eng.closed:
+                    continue  # the higher rank of a pair dials
+                for st in peer.status:
+                    if (st.state is State.DOWN and st.rail not in self.local_down
+                            and not peer.peer_carrier_down.get(st.rail) and now >= st.next_probe):
+                        st.apply(Ev.PROBE, now)
+                        out.append((peer.rank, st.rail))
+        return out
+
+    def _dial(self, peer: int, rail: int) -> None:
+        eng = self.engine
+        epoch = self.epochs.get((peer, rail), 1) + 1
+        self.epochs[(peer, rail)] = epoch
+        with eng.lock:
+            expected = eng.peers[peer].recv.expected
+        hello = Hello(self.rank, peer, rail, epoch, expected, self.job)
+        deadline = time.monotonic() + min(1.0, self.config.reconnect_max + 0.5)
+        try:
+            sock, reply = tcp.connect(self.rail_addrs[rail], self.peer_addrs[peer][rail], hello, self.config,
+                                      deadline)
+            if reply.src != peer or reply.rail != rail or reply.job != self.job.rstrip(b"\0")[:32]:
+                sock.close()
+                raise HandshakeError("bad reply")
+        except (OSError, HandshakeError) as exc:
+            refused = isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
+            with eng.lock:
+                st = eng.peers[peer].status[rail]
+                st.apply(Ev.PROBE_FAILED, time.monotonic(), backoff_min=0.05, backoff_max=self.config.reconnect_max)
+                eng.probe_failed(peer, rail, refused)
+            log.debug("rank %d: re-open rail %d to rank %d failed: %s", self.rank, rail, peer, exc)
+            return
+        self._adopt(sock, peer, rail, epoch, reply.expected)
+
+    def _accept(self, lsock) -> None:
+        try:
+            conn, addr = lsock.accept()
+        except (BlockingIOError, OSError):
+            return
+        try:
+            conn.setblocking(True)
+            hello = tcp.read_hello(conn, time.monotonic() + 2.0)
+            hello.check(job=self.job, dst=self.rank, world_size=self.engine.world_size, rails=len(self.rail_addrs))
+            if hello.src <= self.rank:
+                raise HandshakeError(f"rank {hello.src} must not dial lower rank {self.rank}")
+            last = self.epochs.get((hello.src, hello.rail), 1)
+            if hello.epoch <= last:
+                raise HandshakeError(f"stale epoch {hello.epoch} (have {last})")
+            if hello.rail in self.local_down:
+                raise HandshakeError(f"rail {hello.rail} has no carrier here")
+            self.epochs[(hello.src, hello.rail)] = hello.epoch
+            tcp.tune(conn, self.config)
+            with self.engine.lock:
+                expected = self.engine.peers[hello.src].recv.expected
+            conn.sendall(Hello(self.rank, hello.src, hello.rail, hello.epoch, expected, self.job).pack())
+            conn.setblocking(False)
+        except (HandshakeError, OSError) as exc:
+            log.warning("rank %d: rejected a connection from %s: %s", self.rank, addr, exc)
+            conn.close()
+            return
+        self._adopt(conn, hello.src, hello.rail, hello.epoch, hello.expected)
+
+    def _adopt(self, sock: socket.socket, peer: int, rail: int, epoch: int, peer_expected: int) -> None:
+        eng = self.engine
+        eng._acquire()
+        try:
+            if eng.closed:
+                sock.close()
+                return
+            status = eng.peers[peer].status[rail]
+            link = Link(sock, peer, rail, epoch, status, time.monotonic())
+            eng.adopt_link(link, peer_expected)
+        finally:
+            eng.lock.release()
+        eng.wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=3.0)
+        if self.monitor is not None:
+            self.engine.remove_fd(self.monitor.fileno())
+            self.monitor.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
