@@ -84,6 +84,9 @@ class Communicator:
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise InvalidRank(rank, world_size)
         self.config = config or Config.from_env()
+        from .log import setup_logging
+
+        setup_logging(rank)
         self.rank = rank
         self.world_size = world_size
         self._closed = False

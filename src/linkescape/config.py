@@ -99,7 +99,7 @@ class Config:
     policy: str = "active-backup"
     heartbeat_interval: float = 0.05
     #: a link with nothing heard for this long while something is owed is dead
-    silent_timeout: float = 0.25
+    silent_timeout: float = 0.2
     failback_holddown: float = 1.0
     reconnect_max: float = 1.0
     no_path_timeout: float = 1800.0

@@ -36,8 +36,10 @@ def _usage(exc: Exception, param: Optional[str] = None) -> click.UsageError:
 
 def _command_line(spec: BenchSpec, op_text: str, sizes_text: str, factor: float, json_path: Optional[str],
                   launcher: str) -> str:
-    args = ["linkescape", "bench", op_text, "--sizes", sizes_text]
-    if factor != 2.0:
+    args = ["linkescape", "bench", op_text]
+    if not all(OPS[o].sizeless for o in spec.ops):
+        args += ["--sizes", sizes_text]
+    if factor != 2.0 and ":" in sizes_text:
         args += ["--factor", f"{factor:g}"]
     args += ["--world-size", str(spec.world_size), "--backend", ",".join(spec.backends), "--dtype", spec.dtype,
              "--op", spec.redop, "--root", str(spec.root), "--iters", str(spec.iters), "--warmup", str(spec.warmup),

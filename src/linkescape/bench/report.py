@@ -87,13 +87,18 @@ class Reporter:
         w(f"# linkescape bench: {self.command or 'linkescape bench'}")
         w(f"# date: {self.started.isoformat(timespec='seconds')}  host: {socket.gethostname()}  "
           f"kernel: {platform.release()}  cpus: {os.cpu_count()}")
+        try:
+            load = "  loadavg: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        except OSError:
+            load = ""
         w(f"# tcp_congestion_control: {tcp_congestion_control() or 'unknown'}  "
-          f"GLOO_SOCKET_IFNAME: {os.environ.get('GLOO_SOCKET_IFNAME', 'lo')}")
+          f"GLOO_SOCKET_IFNAME: {os.environ.get('GLOO_SOCKET_IFNAME', 'lo')}{load}")
         sizes = s.sizes
         w(f"# world_size: {s.world_size}  rails: {','.join(s.rails)}  backends: {','.join(s.backends)}"
           + ("  (alternating order per size)" if self.both else ""))
-        w(f"# ops: {','.join(s.ops)}  sizes: {format_size(min(sizes))}..{format_size(max(sizes))} "
-          f"({len(sizes)} sizes)  dtype: {s.dtype}  redop: {s.redop}  root: {s.root}")
+        sized = "" if all(OPS[o].sizeless for o in s.ops) else \
+            f"  sizes: {format_size(min(sizes))}..{format_size(max(sizes))} ({len(sizes)} sizes)"
+        w(f"# ops: {','.join(s.ops)}{sized}  dtype: {s.dtype}  redop: {s.redop}  root: {s.root}")
         w(f"# warmup: {s.warmup}  iters: {s.iters}  validation: {'first run' if s.check else 'off'}  "
           f"timeout: {s.timeout:g}s  time: median over iterations of the slowest rank")
         try:

@@ -143,6 +143,11 @@ def make_record(spec: BenchSpec, op: str, backend: str, case, per_rank: List[dic
     rec["rails"] = list(rails)
     rec["requested_size"] = requested
     rec["times_us"] = [round(x * 1e6, 3) for x in worst]
+    # CPU time (user + system, all threads) per iteration: what a rank burns,
+    # which decides the outcome when ranks share cores
+    cpus = [r.get("cpu", 0.0) * 1e6 for r in per_rank]
+    rec["cpu_us"] = statistics.fmean(cpus)
+    rec["cpu_us_per_rank"] = [round(c, 1) for c in cpus]
     return rec
 
 
@@ -202,11 +207,13 @@ class Rank:
         for _ in range(spec.warmup):
             call()
             self.wd.beat += 1
+        self._phase(f"{backend.name} {op} size {size}: barrier before the timed runs")
         backend.barrier()
         self._phase(f"{backend.name} {op} size {size}: timed runs")
         times = []
         wd = self.wd
         clock = time.perf_counter
+        cpu0 = time.process_time()
         t0 = clock()
         for _ in range(spec.iters):
             call()
@@ -214,12 +221,13 @@ class Rank:
             times.append(t1 - t0)
             t0 = t1
             wd.beat += 1
+        cpu = (time.process_time() - cpu0) / spec.iters  # every thread of this process
         if op == "send_recv":
             times = [t / 2 for t in times]  # one way of the round trip
         self._phase(f"{backend.name} {op} size {size}: gathering results")
         self.seq += 1
-        self.store.set(KEY.format(what="res", seq=self.seq, rank=self.rank), json.dumps({"times": times,
-                                                                                        "wrong": wrong}))
+        self.store.set(KEY.format(what="res", seq=self.seq, rank=self.rank), json.dumps({"times": times, "wrong": wrong,
+                                                                                        "cpu": cpu}))
         if self.rank != 0:
             return {}
         per_rank = [json.loads(self._get(KEY.format(what="res", seq=self.seq, rank=r))) for r in range(self.n)]

@@ -22,6 +22,7 @@ from ..errors import (CollectiveMismatch, CommClosed, CommTimeout, LinkEscapeErr
 from ..protocol.channel import AHEAD, DUPLICATE, NEW
 from ..protocol.frames import FLAG_ACK_NOW, P2P_FLAG, Header, Kind, pack_header
 from ..protocol.linkstate import Ev, PathPolicy, State
+from ..transport.tcp import ack_silence
 from .link import Link, WireItem, is_disconnect
 from .messages import InMessage, Op, OutMessage
 from .peer import Peer, Unexpected
@@ -110,6 +111,7 @@ class Engine:
                     pass
 
     def _drop_link(self, link: Link) -> None:
+        log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd, stack_info=True)
         if self.by_fd.get(link.fd) is link:
             for poller in (self.poller, self.idle_poller):
                 try:
@@ -371,6 +373,8 @@ class Engine:
     # ------------------------------------------------------------ receiving
     def _on_readable(self, link: Link) -> None:
         peer = self.peers[link.peer]
+        if link.parked:
+            return  # waiting for an earlier frame or a posted receive
         try:
             while True:
                 if link.hdr is None:
@@ -699,6 +703,10 @@ class Engine:
                 elif fd in self.extra_fds:
                     self.extra_fds[fd](ev)
                 continue
+            if link.parked and ev & POLLERR:
+                # A parked link is not read, so an error would go unseen.
+                self._on_disconnect(self.peers[link.peer], link, ConnectionResetError("error on a parked link"))
+                continue
             if ev & POLLIN or (ev & POLLERR and not ev & POLLOUT):
                 self._on_readable(link)
                 if by_fd.get(fd) is not link:
@@ -746,8 +754,15 @@ class Engine:
                     self._flush(link)
                     if peer.links[link.rail] is not link:
                         continue
-                if (not link.parked and now - link.last_heard > self.config.silent_timeout):
-                    self.link_down(link, Ev.TIMEOUT, detail=f"nothing heard for {now - link.last_heard:.3f}s")
+                # Silent loss: our bytes (data or a heartbeat) stay unacknowledged
+                # by the peer's kernel. Kernel acks keep coming while the peer
+                # process is busy, so only the path can trip this.
+                try:
+                    silent = ack_silence(link.sock)
+                except OSError:
+                    silent = 0.0
+                if silent > self.config.silent_timeout:
+                    self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {silent:.3f}s")
             if peer.no_path_since is not None and peer.lost is None:
                 if now - peer.no_path_since > self.config.no_path_timeout:
                     self._no_path_expired(peer, now)
@@ -863,6 +878,9 @@ class Engine:
                     try:
                         if not self.closed and not self._drivers:
                             self.progress_once(0.0)
+                    except Exception as exc:  # noqa: BLE001
+                        log.exception("progress failed")
+                        self._set_fatal(exc)
                     finally:
                         self.lock.release()
                 continue
@@ -871,6 +889,9 @@ class Engine:
             try:
                 if not self.closed and not self._drivers:
                     self.progress_once(min(0.01, max(0.0, self._next_timer - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - never die silently: fail the ops instead
+                log.exception("progress failed")
+                self._set_fatal(exc)
             finally:
                 self.lock.release()
 

@@ -101,6 +101,13 @@ class Job:
             self.records.append(rec)
             if rec.get("event") == "exit":
                 exits[rec["rank"]] = rec
+        import signal
+
+        hung = [r for r in range(len(self.procs)) if r not in exits and self.procs[r].poll() is None]
+        for rank in hung:
+            self.procs[rank].send_signal(signal.SIGUSR1)  # Python stacks of every thread, on stderr
+        if hung:
+            time.sleep(1.0)
         for rank, proc in enumerate(self.procs):
             if rank not in exits:
                 exits[rank] = {"event": "exit", "rank": rank, "hung": True, "wrong": None,

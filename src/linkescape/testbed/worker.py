@@ -98,6 +98,11 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=0.0, help="run until this many seconds passed")
     p.add_argument("--async-depth", type=int, default=0, help="also keep this many async all_reduces in flight")
     args = p.parse_args(argv)
+    import faulthandler
+    import signal
+
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the controller asks before killing a hung rank
 
     from linkescape import Communicator, FileStore
 

@@ -85,10 +85,6 @@ def direct(t: torch.Tensor) -> bool:
             and t.layout == torch.strided)
 
 
-def host_empty(shape, like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=like.dtype, device="cpu")
-
-
 class Staged:
     """A tensor as a contiguous host array, plus what puts the result back."""
 
@@ -117,6 +113,10 @@ class Staged:
         if not direct(self.tensor):
             with torch.no_grad():
                 self.tensor.copy_(self.host)
+            if self.tensor.device.type == "cuda":
+                # this may run on the completer thread: make the copy visible
+                # before wait() returns, whatever stream the caller uses next
+                torch.cuda.current_stream(self.tensor.device).synchronize()
 
 
 def stage(t: torch.Tensor, load: bool = True) -> Staged:
@@ -143,7 +143,14 @@ def unstack_to(host: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Callable[
         with torch.no_grad():
             for i, t in enumerate(tensors):
                 t.copy_(host[i])
+        sync_devices(tensors)
     return copy
+
+
+def sync_devices(tensors: Sequence[torch.Tensor]) -> None:
+    """Wait for copies into CUDA tensors issued from this thread."""
+    for dev in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.current_stream(dev).synchronize()
 
 
 def check_same(tensors: Sequence[torch.Tensor], shape, dtype, what: str) -> None:
@@ -166,4 +173,4 @@ def rows(array: np.ndarray, splits: List[int], what: str) -> List[np.ndarray]:
 
 
 __all__ = ["reduce_op", "seconds", "to_numpy", "direct", "stage", "Staged", "stack_inputs", "unstack_to", "rows",
-           "check_same", "check_dtype", "host_empty"]
+           "check_same", "check_dtype", "sync_devices"]

@@ -92,13 +92,33 @@ def make_config(timeout_s: Optional[float], pg_options=None) -> Config:
             cfg = cfg.replace(silent_timeout=TORCH_SILENT_TIMEOUT)
     if timeout_s is None:
         return cfg
-    default = dist.constants.default_pg_timeout.total_seconds()
-    if abs(timeout_s - default) < 1e-6 and (os.environ.get("LINKESCAPE_TIMEOUT") or isinstance(pg_options, Config)):
-        return cfg
-    changes = {"timeout": timeout_s}
-    if not os.environ.get("LINKESCAPE_CONNECT_TIMEOUT") or abs(timeout_s - default) >= 1e-6:
+    # torch passes its default (30 min) when the caller gave no timeout: then
+    # an explicit LINKESCAPE_TIMEOUT / LINKESCAPE_CONNECT_TIMEOUT or Config wins
+    explicit = abs(timeout_s - dist.constants.default_pg_timeout.total_seconds()) > 1e-6
+    changes = {}
+    if explicit or not (os.environ.get("LINKESCAPE_TIMEOUT") or isinstance(pg_options, Config)):
+        changes["timeout"] = timeout_s
+    if explicit or not (os.environ.get("LINKESCAPE_CONNECT_TIMEOUT") or isinstance(pg_options, Config)):
         changes["connect_timeout"] = timeout_s
-    return cfg.replace(**changes)
+    return cfg.replace(**changes) if changes else cfg
+
+
+class _BackendInfo:
+    """Answers for torch code that inspects ``pg._get_backend(device)``."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    supports_shrinking = False
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<linkescape backend>"
 
 
 class ProcessGroupLinkEscape(dist.ProcessGroup):
@@ -174,8 +194,10 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._group_desc
 
-    def _get_sequence_number_for_group(self) -> int:
-        return self._comm._seq
+    def _get_backend(self, device=None) -> "_BackendInfo":
+        """What torch asks a group's per-device backend (splitting, coalescing,
+        tensor allocation): this group is its own backend for every device."""
+        return _BackendInfo()
 
     def __repr__(self) -> str:
         return (f"ProcessGroupLinkEscape(rank={self._le_rank}, size={self._le_size}, group={self._group_name!r}, "
@@ -325,6 +347,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
                         k = t.numel()
                         t.copy_(flat[off:off + k].view(t.shape))
                         off += k
+            convert.sync_devices(tensors)
         return self._post("all_reduce_coalesced", issue, tensors, finish, keep=flats)
 
     # ------------------------------------------------------------ rooted

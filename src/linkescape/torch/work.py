@@ -19,7 +19,6 @@ carries the library's typed error as ``.cause`` (and ``__cause__``).
 
 from __future__ import annotations
 
-import atexit
 import collections
 import datetime
 import logging
@@ -209,14 +208,16 @@ class LinkEscapeWork(dist.Work):
         self._global_ranks = global_ranks
         self._keep = keep  # staging buffers the library writes into / reads from
         self._src_rank = source_rank
-        self._future = torch.futures.Future()
+        self._future = _new_future(self._outputs)
         self._lock = threading.Lock()
         self._final_lock = threading.RLock()
         self._pending = len(self._parts)
         self._submitted = False
+        self._waiters = 0
         self._cause: Optional[BaseException] = None
         self._error: Optional[LinkEscapeBackendError] = None
         self._done = threading.Event()
+        self._final_started = False
         self._listeners: List[Callable] = []
         self.started = time.monotonic()
         if not self._parts:
@@ -235,12 +236,18 @@ class LinkEscapeWork(dist.Work):
             if self._submitted or (self._pending > 0 and exc is None):
                 return
             self._submitted = True
+            if self._waiters:
+                return  # a caller blocked in wait() finalizes: no thread hop
         completer().submit(self)
 
     def _finalize(self) -> None:
+        """Run the finish step once, then complete the future (its callbacks
+        run here), then mark the work completed; so once ``wait()`` returns
+        or ``is_completed()`` is true, the future holds its value."""
         with self._final_lock:
-            if self._done.is_set():
-                return
+            if self._final_started:
+                return  # done, or in progress on this very thread (a callback)
+            self._final_started = True
             cause = self._cause
             if cause is None and self._finish is not None:
                 try:
@@ -251,26 +258,25 @@ class LinkEscapeWork(dist.Work):
                 self._cause = cause
                 self._error = wrap_error(cause, self._name, self._rank, self._group, self._global_ranks)
             self._finish = None
-            self._done.set()
             listeners, self._listeners = self._listeners, []
-        for fn in listeners:
+            for fn in listeners:
+                try:
+                    fn(self)
+                except Exception:  # noqa: BLE001
+                    log.exception("listener of %s failed", self._name)
             try:
-                fn(self)
-            except Exception:  # noqa: BLE001
-                log.exception("listener of %s failed", self._name)
-        fut = self._future
-        try:
-            if self._error is not None:
-                fut.set_exception(self._error)
-            else:
-                fut.set_result(self._outputs)
-        except Exception:  # noqa: BLE001 - a user callback on the future raised
-            log.exception("a callback on the future of %s failed", self._name)
-        self._keep = None
+                if self._error is not None:
+                    self._future.set_exception(self._error)
+                else:
+                    self._future.set_result(self._outputs)
+            except Exception:  # noqa: BLE001 - a user callback on the future raised
+                log.exception("a callback on the future of %s failed", self._name)
+            self._done.set()
+            self._keep = None
 
     def _listen(self, fn) -> None:
         with self._final_lock:
-            if not self._done.is_set():
+            if not self._final_started:
                 self._listeners.append(fn)
                 return
         fn(self)
@@ -288,23 +294,30 @@ class LinkEscapeWork(dist.Work):
 
     def _wait_done(self, timeout: Optional[float]) -> bool:
         """Drive progress until done; False on timeout. Never raises the op's error."""
+        if self._done.is_set():
+            return True
         end = None if timeout is None else time.monotonic() + timeout
-        for part in self._parts:
-            # in slices, so that a failure from outside (_fail) is seen
-            while not part.is_completed() and self._cause is None:
-                left = _SLICE if end is None else min(_SLICE, end - time.monotonic())
-                if left <= 0:
-                    break
-                try:
-                    part.wait(left)
-                except LinkEscapeError:
-                    pass  # recorded by the callback, or this slice ran out
-                except Exception:  # noqa: BLE001
-                    pass
-            if self._cause is not None or (end is not None and time.monotonic() >= end):
-                break
         with self._lock:
-            ready = self._pending == 0 or self._cause is not None
+            self._waiters += 1
+        try:
+            for part in self._parts:
+                # in slices, so that a failure from outside (_fail) is seen
+                while not part.is_completed() and self._cause is None:
+                    left = _SLICE if end is None else min(_SLICE, end - time.monotonic())
+                    if left <= 0:
+                        break
+                    try:
+                        part.wait(left)
+                    except LinkEscapeError:
+                        pass  # recorded by the callback, or this slice ran out
+                    except Exception:  # noqa: BLE001
+                        pass
+                if self._cause is not None or (end is not None and time.monotonic() >= end):
+                    break
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                ready = self._pending == 0 or self._cause is not None
         if ready:
             self._finalize()  # runs the finish here unless the completer already did
             return True
@@ -321,13 +334,14 @@ class LinkEscapeWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        # the future completes (its callbacks run) just before _done is set
+        return self._done.is_set() or self._future.done()
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
-        return self._error
+        return self._error if self.is_completed() else None
 
     def result(self) -> List[torch.Tensor]:
         return self._outputs
@@ -353,6 +367,14 @@ class LinkEscapeWork(dist.Work):
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else ("done" if self._done.is_set() else "pending")
         return f"LinkEscapeWork({self._name}, rank={self._rank}, {state})"
+
+
+def _new_future(outputs: Sequence[torch.Tensor]) -> torch.futures.Future:
+    """A future allowed to hold the outputs: torch refuses a value with
+    tensors on devices the future was not created for (CUDA)."""
+    devices = sorted({str(t.device) for t in outputs
+                      if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta")})
+    return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
 
 def _timeout_seconds(timeout) -> Optional[float]:

@@ -48,6 +48,29 @@ def tune(sock: socket.socket, config: Config) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
 
+_TCP_INFO = getattr(socket, "TCP_INFO", 11)
+
+
+def ack_silence(sock: socket.socket) -> float:
+    """Seconds since the peer's kernel last acknowledged anything, while bytes
+    of ours wait for it (in flight, or queued because the NIC drops them);
+    0.0 when nothing is outstanding or the peer's window is closed.
+
+    The peer's kernel answers for it: a peer process that is merely busy
+    (holding the GIL, swapping) still gets its bytes acknowledged, so only a
+    path that really lost packets goes silent here. A closed window means
+    the peer acknowledged and is just not reading: alive.
+    """
+    info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 232)
+    unacked = int.from_bytes(info[24:28], "little")
+    notsent = int.from_bytes(info[144:148], "little") if len(info) >= 148 else 0
+    if not unacked and not notsent:
+        return 0.0
+    if len(info) >= 232 and int.from_bytes(info[228:232], "little") == 0:
+        return 0.0  # tcpi_snd_wnd == 0: zero window, the peer is alive but busy
+    return int.from_bytes(info[56:60], "little") / 1000.0  # tcpi_last_ack_recv, ms
+
+
 def listen(address: str, backlog: int = 128) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -109,4 +132,4 @@ def wait_readable(fd: int, timeout: float) -> bool:
     return bool(r)
 
 
-__all__ = ["tune", "listen", "connect", "read_hello", "route_source", "HandshakeError"]
+__all__ = ["tune", "ack_silence", "listen", "connect", "read_hello", "route_source", "HandshakeError"]

@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -99,6 +98,29 @@ def refuse_main():
     print(f"rank {r}: ok", flush=True)
 
 
+def timeout_main():
+    """init_process_group(timeout=...) bounds every operation."""
+    dist.init_process_group("linkescape", timeout=datetime.timedelta(seconds=2))
+    from linkescape.errors import CommTimeout
+    from linkescape.torch import LinkEscapeBackendError
+
+    r = dist.get_rank()
+    assert dist.group.WORLD.communicator.config.timeout == 2.0
+    if r == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(3))  # rank 1 never joins
+            raise AssertionError("all_reduce without a partner returned")
+        except LinkEscapeBackendError as exc:
+            took = time.monotonic() - start
+            assert isinstance(exc.cause, CommTimeout) and exc.peer == 1, str(exc)
+            assert 1.5 < took < 6, took
+    else:
+        time.sleep(4)
+    print(f"rank {r}: ok", flush=True)
+    # the group is out of step now: exit without destroy_process_group
+
+
 def test_killed_rank_raises_everywhere():
     from linkescape.torch.testing import failures, launch
 
@@ -113,6 +135,14 @@ def test_killed_rank_raises_everywhere():
     assert time.monotonic() - start < 45
 
 
+def test_init_timeout_bounds_operations():
+    from linkescape.torch.testing import failures, launch
+
+    res = launch([os.path.abspath(__file__), "timeout"], 2, timeout=60)
+    bad = failures(res)
+    assert not bad, bad
+
+
 def test_wait_timeout_and_refused_ops():
     from linkescape.torch.testing import failures, launch
 
@@ -122,4 +152,4 @@ def test_wait_timeout_and_refused_ops():
 
 
 if __name__ == "__main__":
-    {"kill": kill_main, "refuse": refuse_main}[sys.argv[1]]()
+    {"kill": kill_main, "refuse": refuse_main, "timeout": timeout_main}[sys.argv[1]]()

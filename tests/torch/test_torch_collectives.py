@@ -1,7 +1,7 @@
 """Every torch.distributed collective over the linkescape backend, on 2 and 3
 real processes on loopback, checked against expected values.
 
-Run as a script, this file is the rank program (``python test_collectives.py
+Run as a script, this file is the rank program (``python test_torch_collectives.py
 all``); pytest launches it with :func:`linkescape.torch.testing.launch`.
 """
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 
 import pytest
 import torch

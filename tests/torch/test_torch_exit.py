@@ -1,0 +1,118 @@
+"""Launch and exit: a torchrun script that never imports linkescape, clean
+exits with and without destroy_process_group (also with an operation still
+pending), and a process group inherited through fork()."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torchrun_linkescape.py")
+
+
+def _clean(res, what):
+    from linkescape.torch.testing import BAD_EXIT_MARKERS
+
+    text = f"{what}: returncode={res.returncode}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-5000:]}"
+    assert not res.timed_out, text
+    assert res.returncode == 0, text
+    for marker in BAD_EXIT_MARKERS + ("Traceback",):
+        assert marker not in res.stderr, text
+
+
+def test_example_does_not_import_linkescape():
+    with open(EXAMPLE) as f:
+        src = f.read()
+    assert "import linkescape" not in src and "from linkescape" not in src
+
+
+@pytest.mark.parametrize("args,rails", [([], None), (["--no-destroy"], None),
+                                        (["--no-destroy", "--leave-pending"], None),
+                                        ([], "127.0.0.1,127.0.0.2")],
+                         ids=["destroy", "no-destroy", "no-destroy-pending", "two-rails"])
+def test_torchrun_without_import(args, rails):
+    from linkescape.torch.testing import torchrun
+
+    start = time.monotonic()
+    res = torchrun([EXAMPLE, *args], 2, timeout=60, env={"LINKESCAPE_RAILS": rails} if rails else None)
+    _clean(res, "torchrun")
+    assert res.stdout.count(": ok") == 2, res.stdout
+    if rails:
+        assert res.stdout.count(str(rails.split(","))) == 2, res.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_autoload_can_be_disabled():
+    """TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch does not load us; importing
+    linkescape.torch registers the backend."""
+    code = ("import torch.distributed as dist; a = 'LINKESCAPE' in dist.Backend._plugins; "
+            "import linkescape.torch; print(a, 'LINKESCAPE' in dist.Backend._plugins)")
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], out.stdout
+    out = subprocess.run([sys.executable, "-c", code.replace("TORCH", "")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["True", "True"], (out.stdout, out.stderr)
+
+
+def test_autoload_never_raises(monkeypatch):
+    from linkescape.torch import backend
+
+    def boom(*a, **k):
+        raise RuntimeError("registration failed")
+
+    monkeypatch.setattr(backend, "register", boom)
+    backend._autoload()  # logs, does not raise
+
+
+def fork_main():
+    """Rank 0 forks after creating the group: the child must get a clear
+    error and must not disturb the parent's links when it exits."""
+    dist.init_process_group("linkescape", timeout=datetime.timedelta(seconds=20))
+    from linkescape.torch import LinkEscapeBackendError
+
+    r = dist.get_rank()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if r == 0:
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                dist.all_reduce(torch.ones(4))
+            except LinkEscapeBackendError as exc:
+                code = 0 if "fork" in str(exc) else 4
+            sys.stdout.flush()
+            sys.exit(code)  # normal exit: atexit handlers run in the child
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+    dist.barrier()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert torch.all(t == dist.get_world_size())
+    print(f"rank {r}: ok", flush=True)
+    # no destroy_process_group: the atexit handler closes the group
+
+
+def test_fork_child_is_refused_and_parent_survives():
+    from linkescape.torch.testing import failures, launch
+
+    res = launch([os.path.abspath(__file__), "fork"], 2, timeout=60)
+    bad = failures(res)
+    assert not bad, bad
+    for r in res:
+        _clean(r, f"rank {r.rank}")
+        assert f"rank {r.rank}: ok" in r.stdout
+
+
+if __name__ == "__main__":
+    {"fork": fork_main}[sys.argv[1]]()
