@@ -16,7 +16,7 @@ EPILOG = """\b
 Examples:
   linkescape bench all_reduce --sizes 4:256M --world-size 2
   linkescape bench all --sizes 4:64K --backend linkescape,gloo --json out.jsonl
-  linkescape bench all_reduce --sizes 16M,64M,256M -n 4 --backend linkescape,gloo \\
+  linkescape bench all_reduce --sizes 16M,64M,256M --world-size 4 --backend linkescape,gloo \\
       --rails 127.0.0.1,127.0.0.2
 \b
 Sizes follow nccl-tests: the output buffer for all_gather/gather, the input

@@ -9,6 +9,7 @@ operations, heartbeats, acks, failure detection).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import select
@@ -22,7 +23,7 @@ from ..errors import (CollectiveMismatch, CommClosed, CommTimeout, LinkEscapeErr
 from ..protocol.channel import AHEAD, DUPLICATE, NEW
 from ..protocol.frames import FLAG_ACK_NOW, P2P_FLAG, Header, Kind, pack_header
 from ..protocol.linkstate import Ev, PathPolicy, State
-from ..transport.tcp import ack_silence
+from ..transport.tcp import ack_silence, tcp_info_summary
 from .link import Link, WireItem, is_disconnect
 from .messages import InMessage, Op, OutMessage
 from .peer import Peer, Unexpected
@@ -73,6 +74,9 @@ class Engine:
         self._drivers_cv = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
         self._next_timer = 0.0
+        #: work other threads hand to whoever drives progress (never block them on the lock)
+        self._soon: "collections.deque" = collections.deque()
+        self._waiters = 0
         #: called when a down link should be re-dialed now (set by Recovery)
         self.on_redial: Optional[Callable[[], None]] = None
         #: hooks for the failover layer (reconnects, carrier) run on every timer tick
@@ -140,6 +144,7 @@ class Engine:
         self.masks[link.fd] = POLLIN
         self.poller.register(link.fd, POLLIN)
         peer.eof_rails.discard(link.rail)
+        peer.eof_since = None
         peer.refused.discard(link.rail)
         if peer.send.acked < peer_expected - 1 <= peer.send.last_seq:
             peer.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
@@ -166,7 +171,7 @@ class Engine:
         # Nobody listens on any rail while our NICs are fine: the process is gone.
         if (peer.no_path_since is not None and peer.lost is None
                 and len(peer.refused) == self.nrails):
-            self._peer_lost(peer, f"rank {peer_rank} refuses connections on every rail")
+            self._peer_lost(peer, f"rank {peer_rank} closed every link and refuses connections on every rail")
 
     def link_down(self, link: Link, ev: Ev, detail: str = "") -> None:
         """A link failed: drop it and move its traffic (lossless: replay)."""
@@ -214,8 +219,27 @@ class Engine:
     # ------------------------------------------------------------ posting
     def _acquire(self) -> None:
         if not self.lock.acquire(blocking=False):
-            self.wake()  # whoever holds it may sit in poll(): make it let go
-            self.lock.acquire()
+            self._waiters += 1
+            try:
+                self.wake()  # whoever holds it may sit in poll(): make it let go
+                self.lock.acquire()
+            finally:
+                self._waiters -= 1
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` under the lock in the next progress round, from any
+        thread, without waiting for the lock (the driver may hold it for long)."""
+        self._soon.append(fn)
+        self.wake()
+
+    def _run_soon(self) -> None:
+        soon = self._soon
+        while soon:
+            fn = soon.popleft()
+            try:
+                fn()
+            except LinkEscapeError as exc:
+                self._set_fatal(exc)
 
     def start(self, op: Op) -> None:
         """Hand an asynchronous op (messages attached) to the engine; the
@@ -418,10 +442,18 @@ class Engine:
             return
         peer.eof_rails.add(link.rail)
         self.link_down(link, Ev.SOCKET_ERROR, detail=f"{type(exc).__name__}: {exc}")
-        # A peer process that died closes every link (FIN/RST) while the
-        # carrier stays up; a broken cable never produces a FIN.
-        if not peer.live_links() and peer.lost is None:
-            self._peer_lost(peer, f"rank {peer.rank} closed every link ({exc or 'EOF'})")
+        # Every link ended with FIN/RST. A dead process also lost its listener:
+        # the dialing side learns that at once (connection refused on every
+        # rail); the accepting side waits briefly for a re-dial, which a live
+        # peer that merely dropped a link it believed dead would make.
+        if not peer.live_links() and peer.lost is None and peer.eof_since is None:
+            peer.eof_since = time.monotonic()
+            if self.rank > peer.rank:
+                for st in peer.status:
+                    if st.state is State.DOWN:
+                        st.next_probe = time.monotonic()
+                if self.on_redial is not None:
+                    self.on_redial()
 
     def _peer_lost(self, peer: Peer, why: str, cause: str = "socket_error") -> None:
         peer.lost = PeerLost(why, peer=peer.rank)
@@ -691,6 +723,8 @@ class Engine:
             events = self.poller.poll(max(0.0, timeout) * 1000.0)
         except InterruptedError:
             events = []
+        if self._soon:
+            self._run_soon()
         by_fd = self.by_fd
         for fd, ev in events:
             link = by_fd.get(fd)
@@ -705,7 +739,11 @@ class Engine:
                 continue
             if link.parked and ev & POLLERR:
                 # A parked link is not read, so an error would go unseen.
-                self._on_disconnect(self.peers[link.peer], link, ConnectionResetError("error on a parked link"))
+                import socket as _socket
+
+                err = link.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+                self._on_disconnect(self.peers[link.peer], link, ConnectionResetError(
+                    err, f"error on a parked link: poll {ev:#x}, {os.strerror(err) if err else 'no error'}"))
                 continue
             if ev & POLLIN or (ev & POLLERR and not ev & POLLOUT):
                 self._on_readable(link)
@@ -762,9 +800,12 @@ class Engine:
                 except OSError:
                     silent = 0.0
                 if silent > self.config.silent_timeout:
-                    self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {silent:.3f}s")
+                    self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {silent:.3f}s "
+                                                            f"({tcp_info_summary(link.sock)})")
             if peer.no_path_since is not None and peer.lost is None:
-                if now - peer.no_path_since > self.config.no_path_timeout:
+                if peer.eof_since is not None and now - peer.eof_since > self.config.peer_lost_timeout * 0.75:
+                    self._peer_lost(peer, f"rank {peer.rank} closed every link and did not come back")
+                elif now - peer.no_path_since > self.config.no_path_timeout:
                     self._no_path_expired(peer, now)
                 elif self._silent_everywhere(peer):
                     self._peer_lost(peer, f"rank {peer.rank} stopped answering on every rail at once", "timeout")
@@ -829,6 +870,13 @@ class Engine:
 
     def _drive_locked(self, op: Op, end: Optional[float]) -> bool:
         while not op.done:
+            if self._waiters:
+                # Another thread wants the lock (to post, or to wait on its own
+                # op): let it in between two rounds.
+                self.lock.release()
+                time.sleep(0.0002)
+                self.lock.acquire()
+                continue
             now = time.monotonic()
             left = 0.05 if end is None else min(0.05, end - now)
             if left <= 0:
@@ -843,7 +891,7 @@ class Engine:
         with self._drivers_cv:
             self._drivers -= 1
             if not self._drivers and self._async_work():
-                self._drivers_cv.notify_all()
+                self._drivers_cv.notify_all()  # hand async work back to the progress thread
         if not self._drivers and self._async_work():
             self.wake()
 
@@ -861,7 +909,13 @@ class Engine:
         While a caller drives, this thread stays off the lock and off the
         links, so frames wake exactly one thread."""
         while not self.closed:
-            if self._drivers or not self._async_work():
+            if self._drivers:
+                # A caller drives (and runs the timers): stay out of its way.
+                with self._drivers_cv:
+                    if self._drivers and not self.closed:
+                        self._drivers_cv.wait(0.1)
+                continue
+            if not self._async_work():
                 try:
                     ready = self.idle_poller.poll(max(0.0, self._next_timer - time.monotonic()) * 1000.0)
                 except (InterruptedError, RuntimeError):

@@ -45,6 +45,9 @@ class Peer:
         self.no_path_since: Optional[float] = None
         self.closed_by_peer = False
         self.eof_rails: set = set()
+        #: when the last link ended with FIN/RST (a dead process, or a peer
+        #: that dropped links it believed dead and will re-dial)
+        self.eof_since: Optional[float] = None
         #: rails on which re-dialing was refused (nobody listening)
         self.refused: set = set()
         self.lost: Optional[BaseException] = None

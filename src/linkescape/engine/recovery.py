@@ -45,6 +45,8 @@ class Recovery:
         self.config = config
         self.local_down: set = set()
         self.epochs: Dict[Tuple[int, int], int] = {}
+        #: links being re-opened right now (handed to the engine, not yet adopted)
+        self.dialing: set = set()
         self.closed = False
         self.monitor = None
         watched = [n for n in self.rail_ifnames if n and n != "lo"]
@@ -136,28 +138,31 @@ class Recovery:
         return due
 
     def _due_dials(self) -> List[Tuple[int, int]]:
+        """Down links this rank should re-dial now. Read without the engine
+        lock (a driver may hold it until the very link we re-open is back)."""
         eng = self.engine
         now = time.monotonic()
         out = []
-        with eng.lock:
-            for peer in eng.peers.values():
-                if peer.rank > self.rank or peer.lost is not None or eng.closed:
-                    continue  # the higher rank of a pair dials
-                for st in peer.status:
-                    if (st.state is State.DOWN and st.rail not in self.local_down
-                            and not peer.peer_carrier_down.get(st.rail) and now >= st.next_probe):
-                        st.apply(Ev.PROBE, now)
-                        out.append((peer.rank, st.rail))
+        if eng.closed:
+            return out
+        for peer in list(eng.peers.values()):
+            if peer.rank > self.rank or peer.lost is not None:
+                continue  # the higher rank of a pair dials
+            for st in peer.status:
+                if (st.state is State.DOWN and st.rail not in self.local_down
+                        and not peer.peer_carrier_down.get(st.rail) and now >= st.next_probe
+                        and (peer.rank, st.rail) not in self.dialing):
+                    out.append((peer.rank, st.rail))
         return out
 
     def _dial(self, peer: int, rail: int) -> None:
         eng = self.engine
         epoch = self.epochs.get((peer, rail), 1) + 1
         self.epochs[(peer, rail)] = epoch
-        with eng.lock:
-            expected = eng.peers[peer].recv.expected
+        expected = eng.peers[peer].recv.expected  # an int: a racy read is fine, replay trims less
         hello = Hello(self.rank, peer, rail, epoch, expected, self.job)
         deadline = time.monotonic() + min(1.0, self.config.reconnect_max + 0.5)
+        self.dialing.add((peer, rail))
         try:
             sock, reply = tcp.connect(self.rail_addrs[rail], self.peer_addrs[peer][rail], hello, self.config,
                                       deadline)
@@ -166,11 +171,18 @@ class Recovery:
                 raise HandshakeError("bad reply")
         except (OSError, HandshakeError) as exc:
             refused = isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
-            with eng.lock:
-                st = eng.peers[peer].status[rail]
-                st.apply(Ev.PROBE_FAILED, time.monotonic(), backoff_min=0.05, backoff_max=self.config.reconnect_max)
-                eng.probe_failed(peer, rail, refused)
             log.debug("rank %d: re-open rail %d to rank %d failed: %s", self.rank, rail, peer, exc)
+
+            def failed(peer=peer, rail=rail, refused=refused):
+                self.dialing.discard((peer, rail))
+                st = eng.peers[peer].status[rail]
+                if st.state is State.DOWN:
+                    st.apply(Ev.PROBE, time.monotonic())
+                    st.apply(Ev.PROBE_FAILED, time.monotonic(), backoff_min=0.05,
+                             backoff_max=self.config.reconnect_max)
+                eng.probe_failed(peer, rail, refused)
+                self.wake()
+            eng.call_soon(failed)
             return
         self._adopt(sock, peer, rail, epoch, reply.expected)
 
@@ -192,8 +204,7 @@ class Recovery:
                 raise HandshakeError(f"rail {hello.rail} has no carrier here")
             self.epochs[(hello.src, hello.rail)] = hello.epoch
             tcp.tune(conn, self.config)
-            with self.engine.lock:
-                expected = self.engine.peers[hello.src].recv.expected
+            expected = self.engine.peers[hello.src].recv.expected  # racy read of an int: fine
             conn.sendall(Hello(self.rank, hello.src, hello.rail, hello.epoch, expected, self.job).pack())
             conn.setblocking(False)
         except (HandshakeError, OSError) as exc:
@@ -204,17 +215,16 @@ class Recovery:
 
     def _adopt(self, sock: socket.socket, peer: int, rail: int, epoch: int, peer_expected: int) -> None:
         eng = self.engine
-        eng._acquire()
-        try:
+        status = eng.peers[peer].status[rail]
+        link = Link(sock, peer, rail, epoch, status, time.monotonic())
+
+        def adopt() -> None:
+            self.dialing.discard((peer, rail))
             if eng.closed:
                 sock.close()
                 return
-            status = eng.peers[peer].status[rail]
-            link = Link(sock, peer, rail, epoch, status, time.monotonic())
             eng.adopt_link(link, peer_expected)
-        finally:
-            eng.lock.release()
-        eng.wake()
+        eng.call_soon(adopt)
 
     def close(self) -> None:
         self.closed = True

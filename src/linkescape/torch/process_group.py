@@ -43,9 +43,6 @@ BACKEND_NAME = "linkescape"
 #: torch tags are 32-bit ints, so they never reach it
 A2A_TAG_BASE = 1 << 61
 _A2A_TAG_SPAN = 1 << 40
-#: silent timeout (seconds) used when LINKESCAPE_SILENT_TIMEOUT_MS is not set
-TORCH_SILENT_TIMEOUT = 3.0
-
 _live: Dict[int, "ProcessGroupLinkEscape"] = {}
 _live_lock = threading.Lock()
 
@@ -82,14 +79,10 @@ def make_config(timeout_s: Optional[float], pg_options=None) -> Config:
     if isinstance(pg_options, Config):
         cfg = pg_options
     else:
+        # Silent-loss detection reads the peer kernel's acknowledgements, so a
+        # rank holding the GIL for long stretches does not trip it: the
+        # library's defaults hold for torch jobs too.
         cfg = Config.from_env()
-        if not os.environ.get("LINKESCAPE_SILENT_TIMEOUT_MS") and cfg.silent_timeout < TORCH_SILENT_TIMEOUT:
-            # torch processes hold the GIL for long stretches (lazy imports,
-            # torch.compile): 0.16 s measured in a lone process on the first
-            # functional collective, over 0.4 s with two ranks on two cores.
-            # The progress thread then sends no heartbeat, and a short silent
-            # timeout would declare healthy links dead.
-            cfg = cfg.replace(silent_timeout=TORCH_SILENT_TIMEOUT)
     if timeout_s is None:
         return cfg
     # torch passes its default (30 min) when the caller gave no timeout: then

@@ -66,9 +66,22 @@ def ack_silence(sock: socket.socket) -> float:
     notsent = int.from_bytes(info[144:148], "little") if len(info) >= 148 else 0
     if not unacked and not notsent:
         return 0.0
-    if len(info) >= 232 and int.from_bytes(info[228:232], "little") == 0:
-        return 0.0  # tcpi_snd_wnd == 0: zero window, the peer is alive but busy
+    # A (nearly) closed window means the peer acknowledged and is just not
+    # reading (or its kernel dropped what did not fit): alive, flow-controlled.
+    # With an open window, bytes in flight or stuck in our own queue (a NIC
+    # that drops them) and no acknowledgement is silence.
+    snd_wnd = int.from_bytes(info[228:232], "little") if len(info) >= 232 else 1 << 30
+    mss = int.from_bytes(info[16:20], "little") or 1460
+    if snd_wnd < 2 * mss:
+        return 0.0
     return int.from_bytes(info[56:60], "little") / 1000.0  # tcpi_last_ack_recv, ms
+
+
+def tcp_info_summary(sock: socket.socket) -> str:
+    info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 232)
+    u32 = lambda o: int.from_bytes(info[o:o + 4], "little")  # noqa: E731
+    return (f"unacked={u32(24)} notsent={u32(144)} snd_wnd={u32(228)} mss={u32(16)} "
+            f"last_ack_recv={u32(56)}ms last_data_recv={u32(52)}ms probes={info[3]} backoff={info[4]}")
 
 
 def listen(address: str, backlog: int = 128) -> socket.socket:

@@ -1,0 +1,236 @@
+"""Emulated faults for the no-root demo: faults injected inside the process.
+
+On loopback there is no cable to pull, so a rank "cuts" one of its own rails
+by doing what the library does when the kernel reports a carrier loss: it
+takes every link on that rail down, tells its peers, and refuses to re-open
+links on it until the rail is "repaired". A "blackhole" takes the links down
+as a silent failure would (cause ``timeout``) without telling anyone.
+
+Everything here uses the library's private engine API (``Engine.link_down``,
+``Engine.notify_peers``, ``Recovery.local_down``); the demo would rather call
+a public ``Communicator.inject_fault(rail, kind)`` (see the demo's report).
+
+The controller (another process) drives it through a control directory:
+it appends ``{"id", "action", "rail"}`` lines to ``rank{R}.cmd.jsonl``; the
+rank applies each one and appends ``{"id", "action", "rail", "ts"}`` to
+``rank{R}.applied.jsonl``, ``ts`` being the wall time the fault took effect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+ACTIONS = ("cut", "blackhole", "restore")
+
+
+# ------------------------------------------------------------ in the rank
+def find_communicator():
+    """The linkescape Communicator behind the default torch process group."""
+    from ..torch import process_group as pgmod
+
+    with pgmod._live_lock:
+        groups = list(pgmod._live.values())
+    if not groups:
+        raise RuntimeError("no linkescape process group in this process")
+    return groups[0].communicator
+
+
+def apply_fault(comm, action: str, rail: int) -> float:
+    """Apply one emulated fault to ``rail`` of this rank; returns the wall time it took effect."""
+    from ..protocol.frames import Kind
+    from ..protocol.linkstate import Ev, State
+
+    if action not in ACTIONS:
+        raise ValueError(f"unknown emulated fault {action!r}")
+    eng = comm._engine
+    rec = comm._recovery
+    if rec is None:
+        raise RuntimeError("a single-rank communicator has no links to fault")
+    if not 0 <= rail < eng.nrails:
+        raise ValueError(f"rail {rail} not in [0, {eng.nrails})")
+    eng._acquire()
+    try:
+        now = time.monotonic()
+        if action in ("cut", "blackhole"):
+            rec.local_down.add(rail)  # no dialing out, no accepting on this rail
+            ev = Ev.CARRIER_DOWN if action == "cut" else Ev.TIMEOUT
+            detail = "emulated cable cut" if action == "cut" else "emulated blackhole"
+            for peer in eng.peers.values():
+                link = peer.links[rail]
+                if link is not None:
+                    eng.link_down(link, ev, detail=detail)
+            if action == "cut":
+                eng.notify_peers(Kind.NOTIFY_DOWN, rail)
+        else:
+            rec.local_down.discard(rail)
+            for peer in eng.peers.values():
+                st = peer.status[rail]
+                if st.state is State.DOWN:
+                    st.next_probe = now
+                    st.backoff = 0.0
+            eng.notify_peers(Kind.NOTIFY_UP, rail)
+        ts = time.time()
+    finally:
+        eng.lock.release()
+    eng.wake()
+    rec.wake()
+    return ts
+
+
+class FaultAgent:
+    """Thread in a rank that applies the controller's emulated faults."""
+
+    def __init__(self, control_dir: str, rank: int, comm_getter: Callable[[], Any] = find_communicator,
+                 interval: float = 0.01) -> None:
+        self.cmd_path = os.path.join(control_dir, f"rank{rank}.cmd.jsonl")
+        self.applied_path = os.path.join(control_dir, f"rank{rank}.applied.jsonl")
+        self.rank = rank
+        self._get = comm_getter
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"demo-fault-agent-{rank}", daemon=True)
+
+    def start(self) -> "FaultAgent":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+    def _loop(self) -> None:
+        pos = 0
+        buf = b""
+        while not self._stop.wait(self._interval):
+            try:
+                with open(self.cmd_path, "rb") as f:
+                    f.seek(pos)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            pos += len(data)
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if not line.strip():
+                    continue
+                cmd = json.loads(line)
+                rec: Dict[str, Any] = dict(cmd)
+                try:
+                    rec["ts"] = apply_fault(self._get(), cmd["action"], int(cmd["rail"]))
+                except Exception as exc:  # noqa: BLE001 - reported to the controller
+                    rec["ts"] = time.time()
+                    rec["error"] = f"{type(exc).__name__}: {exc}"
+                _append(self.applied_path, rec)
+
+
+def _append(path: str, record: Dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------ in the controller
+class FaultClient:
+    """Controller side: send an emulated fault to a rank and wait until it is applied."""
+
+    def __init__(self, control_dir: str) -> None:
+        self.dir = control_dir
+        os.makedirs(control_dir, exist_ok=True)
+        self._next = 0
+        self._pos: Dict[int, int] = {}
+
+    def apply(self, rank: int, action: str, rail: int, timeout: float = 10.0) -> float:
+        self._next += 1
+        cid = self._next
+        _append(os.path.join(self.dir, f"rank{rank}.cmd.jsonl"), {"id": cid, "action": action, "rail": rail})
+        path = os.path.join(self.dir, f"rank{rank}.applied.jsonl")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rec in _read_jsonl(path):
+                if rec.get("id") == cid:
+                    if rec.get("error"):
+                        raise RuntimeError(f"rank {rank}: emulated {action} on rail {rail} failed: {rec['error']}")
+                    return float(rec["ts"])
+            time.sleep(0.005)
+        raise TimeoutError(f"rank {rank} did not apply emulated {action} on rail {rail} within {timeout}s")
+
+
+def _read_jsonl(path: str) -> List[Dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = []
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+            return out
+    except FileNotFoundError:
+        return []
+
+
+__all__ = ["apply_fault", "find_communicator", "FaultAgent", "FaultClient", "ACTIONS"]
+
+
+# ------------------------------------------------------------ per-rail byte counters (no NIC to read)
+class RailByteSampler:
+    """Thread in a rank that writes its bytes sent per rail every ``interval`` s.
+
+    Used where the rails have no NIC of their own (loopback): the bytes the
+    library wrote into each rail's sockets, summed over peers and kept
+    across re-opened links. Lines: ``{"t": wall time, "tx": [bytes per rail]}``.
+    """
+
+    def __init__(self, path: str, comm_getter: Callable[[], Any] = find_communicator, interval: float = 0.05):
+        self.path = path
+        self._get = comm_getter
+        self._interval = interval
+        self._stop = threading.Event()
+        self._seen: Dict[Any, Any] = {}
+        self._total: Optional[List[int]] = None
+        self._thread = threading.Thread(target=self._loop, name="demo-rail-bytes", daemon=True)
+
+    def start(self) -> "RailByteSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+        try:
+            self._write()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _sample(self) -> List[int]:
+        eng = self._get()._engine
+        if self._total is None:
+            self._total = [0] * eng.nrails
+        for peer in list(eng.peers.values()):
+            for rail, link in enumerate(list(peer.links)):
+                if link is None:
+                    continue
+                key = (peer.rank, rail)
+                cur = link.bytes_sent
+                prev = self._seen.get(key)
+                delta = cur if prev is None or prev[0] is not link else cur - prev[1]
+                self._total[rail] += max(0, delta)
+                self._seen[key] = (link, cur)
+        return self._total
+
+    def _write(self) -> None:
+        _append(self.path, {"t": time.time(), "tx": list(self._sample())})
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._write()
+            except Exception:  # noqa: BLE001 - best effort
+                pass

@@ -1,0 +1,500 @@
+"""The demo's report: steps lost, fault detection and recovery times, the
+bit-for-bit comparison with the fault-free run, and the timeline picture.
+
+Written as ``report.json`` (for machines), ``report.md`` (for people) and
+``timeline.png`` in the output directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+DETECT_EVENTS = ("link_down", "failover")
+#: an event more than this long after a fault is not counted as its detection
+DETECT_WINDOW = 10.0
+
+
+# ------------------------------------------------------------------ events
+def _get(f: Any, name: str):
+    return f.get(name) if isinstance(f, dict) else getattr(f, name)
+
+
+def related(ev: Dict[str, Any], host: int, rail: int) -> bool:
+    """Is this event about (host, rail): the host's own links on the rail, or its peers' links to it?"""
+    if ev.get("rank") != host and ev.get("peer") != host:
+        return False
+    kind = ev.get("event")
+    if kind == "failover":
+        return ev.get("from_rail") == rail
+    if kind == "failback":
+        return ev.get("rail") == rail
+    if kind in ("link_down", "link_up"):
+        return ev.get("rail") == rail
+    return kind in ("no_path", "peer_lost")
+
+
+def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[float] = None) -> Dict[str, Any]:
+    """Detection (fault -> first link_down/failover on any rank) and recovery
+    (repair -> failback) of one fault, from the ranks' events."""
+    host, rail = _get(fault, "host"), _get(fault, "rail")
+    issued, ts = _get(fault, "issued"), _get(fault, "ts")
+    r_issued, restored = _get(fault, "restore_issued"), _get(fault, "restored")
+    out: Dict[str, Any] = {"detection_ms": None, "detection_raw_ms": None, "detected_by": None,
+                           "recovery_ms": None, "recovered_by": None, "all_back_ms": None, "link_downs": 0,
+                           "failovers": 0, "failbacks": 0, "no_path": 0, "peer_lost": 0}
+    if ts is None:
+        return out
+    start = issued if issued is not None else ts
+    end = until if until is not None else float("inf")
+    mine = sorted((e for e in events if related(e, host, rail) and start <= e.get("ts", 0.0) < end),
+                  key=lambda e: e["ts"])
+    for e in mine:
+        key = {"link_down": "link_downs", "failover": "failovers", "failback": "failbacks"}.get(e["event"],
+                                                                                               e["event"])
+        if key in out:
+            out[key] += 1
+    det = next((e for e in mine if e["event"] in DETECT_EVENTS and e["ts"] - ts <= DETECT_WINDOW), None)
+    if det is not None:
+        # A carrier event can be stamped before the command that applied the
+        # fault has returned (ts is taken after it): detection is then < 1 ms.
+        out["detection_raw_ms"] = (det["ts"] - ts) * 1000.0
+        out["detection_ms"] = max(0.0, out["detection_raw_ms"])
+        out["detected_by"] = {k: det.get(k) for k in ("ts", "rank", "event", "peer", "rail", "cause")}
+    if restored is not None:
+        back = [e for e in mine if e["event"] == "failback" and e["ts"] >= (r_issued or restored)]
+        if back:
+            out["recovery_ms"] = max(0.0, (back[0]["ts"] - restored) * 1000.0)
+            out["recovered_by"] = {k: back[0].get(k) for k in ("ts", "rank", "event", "peer", "rail")}
+            # every pair that moved away is back: the last failback of that burst
+            moved = {(e["rank"], e["peer"]) for e in mine if e["event"] == "failover"}
+            last = {}
+            for e in back:
+                last[(e["rank"], e["peer"])] = e["ts"]
+            if moved and moved <= set(last):
+                out["all_back_ms"] = max(0.0, (max(last[p] for p in moved) - restored) * 1000.0)
+    return out
+
+
+def read_events(run_dir: str) -> List[Dict[str, Any]]:
+    from ..events import read_events as _read
+
+    out: List[Dict[str, Any]] = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
+        out += _read(path)
+    return sorted(out, key=lambda e: e.get("ts", 0.0))
+
+
+def read_steps(run_dir: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(start records, step records) of a run's steps.jsonl."""
+    path = os.path.join(run_dir, "steps.jsonl")
+    starts, steps = [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                (starts if "start" in r else steps).append(r)
+    except FileNotFoundError:
+        pass
+    return starts, steps
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _errors(run_dir: str) -> List[str]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "error-rank*.txt"))):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read().strip()
+        last = text.splitlines()[-1] if text else ""
+        out.append(f"{os.path.basename(path)}: {last}")
+    return out
+
+
+def _params_equal(a_dir: str, b_dir: str) -> Optional[bool]:
+    try:
+        import numpy as np
+
+        with np.load(os.path.join(a_dir, "params.npz")) as a, np.load(os.path.join(b_dir, "params.npz")) as b:
+            if sorted(a.files) != sorted(b.files):
+                return False
+            return all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes()
+                       for k in a.files)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+# ------------------------------------------------------------------ the report
+EMULATED_NOTE = ("EMULATED faults: {reason}. The ranks ran as local processes on loopback rails {rails}, and "
+                 "each fault was injected inside the process of the rank that owns the rail (its links on "
+                 "that rail taken down through the library's engine, as when the kernel reports a carrier "
+                 "loss; a blackhole as a silent timeout). No packet was really lost, and the detection "
+                 "times below measure the injection, not real fault detection. Run as root for real faults.")
+
+
+def build_report(opts, info: Dict[str, Any], runs: Sequence[Any], started: float) -> Dict[str, Any]:
+    by_name = {r.name: r for r in runs}
+    faulty = by_name.get("faulty")
+    ref = by_name.get("reference")
+    rep: Dict[str, Any] = {
+        "title": "linkescape demo: training through NIC, cable and optic failures",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "mode": info["mode"],
+        "emulated": info["mode"] == "emulated",
+        "testbed": info.get("testbed"),
+        "model_size": opts.model_size,
+        "seed": opts.seed,
+        "steps": opts.steps,
+        "out_dir": os.path.abspath(opts.out),
+    }
+    if info["mode"] == "emulated":
+        rep["note"] = EMULATED_NOTE.format(reason=info.get("emulated_reason") or "--emulate",
+                                           rails=",".join(info["testbed"].get("rail_addresses", [])))
+    from ..config import Config
+    from .controller import job_env
+
+    env = {k: v for k, v in job_env(opts.out).items() if k.startswith("LINKESCAPE_") and k != "LINKESCAPE_EVENTS"}
+    cfg = Config.from_env(env)
+    rep["library_settings"] = {"env": env, "silent_timeout_ms": round(cfg.silent_timeout * 1000),
+                               "failback_holddown_ms": round(cfg.failback_holddown * 1000),
+                               "heartbeat_ms": round(cfg.heartbeat_interval * 1000)}
+    issues: List[str] = []
+    events: List[Dict[str, Any]] = []
+    # -- the faulty run
+    if faulty is not None:
+        starts, steps = read_steps(faulty.dir)
+        final = _read_json(os.path.join(faulty.dir, "final.json"))
+        errors = _errors(faulty.dir)
+        recorded = sorted({s["step"] for s in steps})
+        events = read_events(faulty.dir)
+        t_start = starts[0]["start"] if starts else None
+        rep["params"] = (final or {}).get("params") or (starts[0].get("params") if starts else None)
+        rep["faulty_run"] = {
+            "exit_status": faulty.rc, "wall_s": round(faulty.wall_s, 2), "steps_recorded": len(recorded),
+            "restarts": max(0, len(starts) - 1), "exceptions": errors, "final": final,
+            "training_s": round(steps[-1]["t"] - t_start, 2) if steps and t_start else None,
+            "mean_step_s": round(sum(s["dt"] for s in steps[1:]) / max(1, len(steps) - 1), 4) if steps else None,
+            "paced_min_duration_s": starts[0].get("min_duration") if starts else None,
+            "paused_s": (final or {}).get("paused_s"),
+            "planned_fault_window_s": faulty.planned_duration,
+            "fault_injection_error": faulty.fault_error,
+            "events": len(events),
+            "events_by_kind": {k: sum(1 for e in events if e.get("event") == k)
+                               for k in sorted({e.get("event") for e in events})},
+        }
+        rep["steps_lost"] = opts.steps - len(recorded)
+        rep["training_ok"] = (faulty.rc == 0 and not errors and len(starts) == 1 and rep["steps_lost"] == 0
+                              and bool(final) and final.get("ranks_agree") is True)
+        if rep["steps_lost"]:
+            issues.append(f"{rep['steps_lost']} training steps lost in the faulty run")
+        if faulty.rc != 0:
+            issues.append(f"the faulty run exited with status {faulty.rc} (see {faulty.dir}/train.log)")
+        if errors:
+            issues.append("exceptions in the faulty run: " + "; ".join(errors))
+        if final and final.get("ranks_agree") is False:
+            issues.append("the ranks ended the faulty run with different parameters")
+        if faulty.fault_error:
+            issues.append(f"fault injection failed: {faulty.fault_error}")
+        # -- faults
+        faults = []
+        fl = list(faulty.faults)
+        for i, f in enumerate(fl):
+            nxt = fl[i + 1].issued if i + 1 < len(fl) and fl[i + 1].issued else None
+            d = f.to_dict()
+            timing = fault_timing(f, events, until=nxt)
+            d.update(timing)
+            if t_start is not None:
+                d["at_s"] = None if f.ts is None else round(f.ts - t_start, 3)
+                d["restored_at_s"] = None if f.restored is None else round(f.restored - t_start, 3)
+            if f.ts is not None and f.issued is not None:
+                d["fault_ts_uncertainty_ms"] = round((f.ts - f.issued) * 1000.0, 2)
+            if f.ts is not None and timing["detection_ms"] is None:
+                issues.append(f"{f.label}: no rank reported it (no link_down/failover event)")
+            if f.restored is not None and timing["recovery_ms"] is None:
+                issues.append(f"{f.label}: traffic never moved back after the repair (no failback event)")
+            if timing["no_path"] or timing["peer_lost"]:
+                issues.append(f"{f.label}: {timing['no_path']} no_path / {timing['peer_lost']} peer_lost events")
+            faults.append(d)
+        rep["faults"] = faults
+        if len(fl) < 3:
+            issues.append(f"only {len(fl)} of 3 faults were injected (training ended first?)")
+    else:
+        rep["steps_lost"] = opts.steps
+        rep["training_ok"] = False
+        rep["faults"] = []
+    # -- the reference comparison
+    if ref is not None and faulty is not None:
+        _, fsteps = read_steps(faulty.dir)
+        _, rsteps = read_steps(ref.dir)
+        ffinal = _read_json(os.path.join(faulty.dir, "final.json")) or {}
+        rfinal = _read_json(os.path.join(ref.dir, "final.json")) or {}
+        fl_hex = [s["loss_hex"] for s in sorted(fsteps, key=lambda s: s["step"])]
+        rl_hex = [s["loss_hex"] for s in sorted(rsteps, key=lambda s: s["step"])]
+        div = next((i for i, (a, b) in enumerate(zip(fl_hex, rl_hex)) if a != b), None)
+        losses_same = fl_hex == rl_hex and len(fl_hex) == opts.steps
+        hash_same = bool(ffinal.get("params_sha256")) and ffinal.get("params_sha256") == rfinal.get("params_sha256")
+        arrays_same = _params_equal(faulty.dir, ref.dir)
+        ref_events = read_events(ref.dir)
+        rstarts, _ = read_steps(ref.dir)
+        r_train = (round(rsteps[-1]["t"] - rstarts[0]["start"], 2) if rsteps and rstarts else None)
+        rep["reference_run"] = {"exit_status": ref.rc, "wall_s": round(ref.wall_s, 2), "training_s": r_train,
+                                "steps_recorded": len(rsteps), "exceptions": _errors(ref.dir),
+                                "final": rfinal or None, "events": len(ref_events)}
+        rep["comparison"] = {
+            "losses_identical": losses_same, "first_divergent_step": div,
+            "params_sha256_faulty": ffinal.get("params_sha256"),
+            "params_sha256_reference": rfinal.get("params_sha256"),
+            "params_hash_identical": hash_same, "params_arrays_identical": arrays_same,
+            "max_abs_loss_diff": max((abs(a["loss"] - b["loss"]) for a, b in
+                                      zip(sorted(fsteps, key=lambda s: s["step"]),
+                                          sorted(rsteps, key=lambda s: s["step"]))), default=None),
+        }
+        rep["bit_identical"] = bool(losses_same and hash_same and arrays_same)
+        if not rep["bit_identical"]:
+            issues.append("the faulty run is not bit-identical to the fault-free reference "
+                          f"(first divergent step {div}, params hash identical: {hash_same})")
+        if ref_events:
+            kinds = sorted({e['event'] for e in ref_events})
+            issues.append(f"{len(ref_events)} link events ({', '.join(kinds)}) in the fault-free reference run")
+        if ref.rc != 0:
+            issues.append(f"the reference run exited with status {ref.rc} (see {ref.dir}/train.log)")
+    else:
+        rep["bit_identical"] = None
+        rep["comparison"] = None
+    # -- traffic is back where it belongs
+    if events:
+        active: Dict[Tuple[int, int], Any] = {}
+        for e in events:
+            if e.get("event") in ("failover", "failback"):
+                active[(e["rank"], e["peer"])] = e["rail"]
+            elif e.get("event") == "no_path":
+                active[(e["rank"], e["peer"])] = None
+        off = sorted(f"{a}->{b}: rail {r}" for (a, b), r in active.items() if r != 0)
+        rep["all_traffic_back_on_rail0"] = not off
+        if off:
+            issues.append("traffic still off the primary rail at the end: " + ", ".join(off))
+    rep["issues"] = issues
+    rep["runtime_s"] = round(time.time() - started, 1)
+    return rep
+
+
+# ------------------------------------------------------------------ markdown
+def _ms(v: Optional[float]) -> str:
+    if v is None:
+        return "not seen"
+    if v < 1.0:
+        return "< 1 ms"
+    return f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
+
+
+def _n(v: Optional[int]) -> str:
+    return "?" if v is None else f"{v:,}"
+
+
+def to_markdown(rep: Dict[str, Any]) -> str:
+    L: List[str] = [f"# {rep['title']}", ""]
+    tb = rep.get("testbed") or {}
+    if rep["mode"] == "testbed":
+        L.append(f"Testbed `{tb.get('name')}`: {tb.get('hosts')} hosts (network namespaces) x {tb.get('rails')} "
+                 f"rails, each rail shaped to {tb.get('rate') or 'no limit'}; one rank per host; DDP over the "
+                 f"`linkescape` backend, model `{rep['model_size']}` ({_n(rep.get('params'))} parameters), "
+                 f"{rep['steps']} steps, seed {rep['seed']}.")
+    else:
+        L.append(f"**{rep['note']}**")
+        L.append("")
+        L.append(f"{tb.get('hosts')} ranks x {tb.get('rails')} rails; DDP over the `linkescape` backend, model "
+                 f"`{rep['model_size']}` ({_n(rep.get('params'))} parameters), {rep['steps']} steps, "
+                 f"seed {rep['seed']}.")
+    ls = rep.get("library_settings") or {}
+    if ls:
+        L.append("")
+        L.append(f"Library settings: silent-loss timeout {ls['silent_timeout_ms']} ms, "
+                 f"heartbeat {ls['heartbeat_ms']} ms, failback hold-down {ls['failback_holddown_ms']} ms "
+                 f"(LINKESCAPE_SILENT_TIMEOUT_MS, LINKESCAPE_HEARTBEAT_MS, LINKESCAPE_FAILBACK_HOLDDOWN_MS).")
+    L.append("")
+    fr = rep.get("faulty_run") or {}
+    L.append("## Training")
+    L.append("")
+    lost = rep["steps_lost"]
+    L.append(f"- **Training steps lost: {lost}** ({fr.get('steps_recorded', 0)}/{rep['steps']} steps recorded, "
+             f"{fr.get('restarts', 0)} restarts, {len(fr.get('exceptions') or [])} exceptions, exit status "
+             f"{fr.get('exit_status')}).")
+    if fr.get("training_s") is not None:
+        paced = fr.get("paced_min_duration_s")
+        paused = fr.get("paused_s") or 0.0
+        r_train = (rep.get("reference_run") or {}).get("training_s")
+        L.append(f"- Training took {fr['training_s']} s, {fr.get('mean_step_s')} s per step"
+                 + (f" (the fault-free run: {r_train} s)" if r_train else "")
+                 + (f" (steps paced, {paused:.1f} s of pauses in all, so that the run lasts {paced:g} s and "
+                    f"every fault fits; the numbers are unchanged)" if paced and paused > 0.05 else "") + ".")
+    bi = rep.get("bit_identical")
+    cmp_ = rep.get("comparison")
+    if bi is None:
+        L.append("- Fault-free comparison: skipped (`--no-reference`).")
+    else:
+        losses = ("identical" if cmp_["losses_identical"]
+                  else f"differ from step {cmp_['first_divergent_step']}")
+        L.append(f"- **Bit-identical to the fault-free run: {'yes' if bi else 'NO'}** (per-step losses {losses}"
+                 f"; parameters SHA-256 `{(cmp_['params_sha256_faulty'] or '?')[:16]}...` vs "
+                 f"`{(cmp_['params_sha256_reference'] or '?')[:16]}...`).")
+    final = fr.get("final") or {}
+    if final:
+        L.append(f"- All {final.get('world_size')} ranks ended with the same parameters: "
+                 f"{'yes' if final.get('ranks_agree') else 'NO'}.")
+    L.append("")
+    L.append("## Faults")
+    L.append("")
+    L.append("| fault | at | detected after | first detected by | repaired at | back on rail 0 after "
+             "| all pairs back after | failovers / failbacks |")
+    L.append("|---|---|---|---|---|---|---|---|")
+    for f in rep.get("faults", []):
+        det = f.get("detected_by") or {}
+        by = (f"rank {det.get('rank')} {det.get('event')} ({det.get('cause')})" if det else "-")
+        at = "-" if f.get("at_s") is None else f"{f['at_s']:.2f} s"
+        rat = "-" if f.get("restored_at_s") is None else f"{f['restored_at_s']:.2f} s"
+        L.append(f"| {f['label']} | {at} | {_ms(f['detection_ms'])} | {by} | {rat} | {_ms(f['recovery_ms'])} | "
+                 f"{_ms(f['all_back_ms'])} | {f['failovers']} / {f['failbacks']} |")
+    L.append("")
+    L.append("Detection: from the moment the fault was in effect (the command that applied it returned) to the "
+             "first `link_down` or `failover` event on any rank. Back on rail 0: from the repair to the first "
+             "`failback` (the library holds a repaired rail down for its hold-down, 1 s by default, so a "
+             "flapping link cannot cause a storm of switches). Times are relative to the start of training.")
+    if fr.get("events_by_kind"):
+        L.append("")
+        L.append("Events in the faulty run: " + ", ".join(f"{k} {v}" for k, v in fr["events_by_kind"].items()) + ".")
+    if rep.get("timeline_png"):
+        L.append("")
+        L.append(f"![timeline]({os.path.basename(rep['timeline_png'])})")
+        L.append("")
+        L.append(f"Timeline: `{rep['timeline_png']}`")
+    L.append("")
+    L.append("## Verdict")
+    L.append("")
+    if rep.get("issues"):
+        for i in rep["issues"]:
+            L.append(f"- {i}")
+    else:
+        L.append("- No issue: every step trained, every fault was detected and repaired, and the result is "
+                 "bit-identical to the fault-free run." if bi else "- No issue found.")
+    L.append("")
+    L.append(f"Demo runtime: {rep['runtime_s']} s.")
+    return "\n".join(L) + "\n"
+
+
+# ------------------------------------------------------------------ timeline picture
+def plot_timeline(path: str, rep: Dict[str, Any], run) -> Optional[str]:
+    """Throughput per host and rail over time, faults marked; the loss curve on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    starts, steps = read_steps(run.dir)
+    t0 = starts[0]["start"] if starts else (run.samples[0][0] if run.samples else time.time())
+    hosts = (rep.get("testbed") or {}).get("hosts") or (len(run.samples[0][1]) if run.samples else 1)
+    rails = (rep.get("testbed") or {}).get("rails") or 2
+    fig, axes = plt.subplots(hosts + 1, 1, figsize=(12, 2.0 + 1.7 * hosts), sharex=True,
+                             gridspec_kw={"height_ratios": [1.2] + [1] * hosts})
+    ax0 = axes[0]
+    if steps:
+        ax0.plot([s["t"] - t0 for s in steps], [s["loss"] for s in steps], color="black", lw=1.2,
+                 label="loss (faulty run)")
+    ref_note = ""
+    if rep.get("bit_identical") is not None:
+        ref_note = ("  |  bit-identical to the fault-free run" if rep["bit_identical"]
+                    else "  |  NOT bit-identical to the fault-free run")
+    ax0.set_ylabel("loss")
+    mode = "EMULATED faults (loopback)" if rep.get("emulated") else (
+        f"testbed, {rails} rails x {(rep.get('testbed') or {}).get('rate') or 'unshaped'}")
+    ax0.set_title(f"linkescape demo: {mode}  |  steps lost: {rep.get('steps_lost')}{ref_note}", fontsize=11)
+    ax0.legend(loc="upper right", fontsize=8)
+    ax0.grid(alpha=0.3)
+
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
+    samples = run.samples
+    unit = "Mbit/s sent" if rep.get("emulated") else "Mbit/s tx"
+    if len(samples) >= 2:
+        ts = [s[0] for s in samples]
+        for h in range(hosts):
+            ax = axes[h + 1]
+            for r in range(rails):
+                xs, ys = [], []
+                k = 4  # ~200 ms window
+                for i in range(k, len(samples)):
+                    dt = ts[i] - ts[i - k]
+                    if dt <= 0:
+                        continue
+                    db = samples[i][1][h][r] - samples[i - k][1][h][r]
+                    v = max(0.0, db / dt)
+                    ys.append(v * 8 / 1e6)
+                    xs.append((ts[i] + ts[i - k]) / 2 - t0)
+                ax.plot(xs, ys, color=colors[r % len(colors)], lw=1.0, label=f"rail {r} (r{r})")
+            ax.set_ylabel(f"h{h}\n{unit}", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+            if h == 0:
+                ax.legend(loc="upper right", fontsize=8, ncol=rails)
+    fault_colors = {"cut": "red", "blackhole": "purple", "flap": "darkorange"}
+    for f in rep.get("faults", []):
+        if f.get("at_s") is None:
+            continue
+        c = fault_colors.get(f["kind"], "red")
+        a = f["at_s"]
+        b = f.get("restored_at_s") if f.get("restored_at_s") is not None else a
+        for ax in axes:
+            ax.axvline(a, color=c, ls="--", lw=0.9)
+            if f.get("restored_at_s") is not None:
+                ax.axvline(b, color="green", ls=":", lw=0.9)
+        host_ax = axes[f["host"] + 1] if f["host"] + 1 < len(axes) else None
+        if host_ax is not None:
+            if f["kind"] == "flap":
+                downs = [t for t, s in f["transitions"] if s == "down"]
+                ups = [t for t, s in f["transitions"] if s == "up"]
+                for d, u in zip(downs, ups):
+                    host_ax.axvspan(d - t0, u - t0, color=c, alpha=0.25, lw=0)
+            else:
+                host_ax.axvspan(a, b, color=c, alpha=0.15, lw=0)
+            det = f.get("detection_ms")
+            rec = f.get("recovery_ms")
+            txt = (f"{f['kind']} r{f['rail']}\ndetect {_ms(det)}\nback {_ms(rec)}")
+            host_ax.text(a, 0.97, " " + txt.replace("\n", "\n "), transform=host_ax.get_xaxis_transform(),
+                         va="top", ha="left", fontsize=7, color=c,
+                         bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
+        ax0.text(a, 0.97, f" {f['kind']} h{f['host']} r{f['rail']}", transform=ax0.get_xaxis_transform(),
+                 va="top", ha="left", fontsize=8, color=c)
+    t_end = steps[-1]["t"] - t0 if steps else (samples[-1][0] - t0 if samples else 1.0)
+    axes[-1].set_xlim(-0.5, t_end + 0.5)
+    source = ("bytes the library wrote per rail (loopback has no NIC per rail)" if rep.get("emulated")
+              else "tx_bytes of every host NIC, sampled every 50 ms")
+    axes[-1].set_xlabel(f"seconds since training start (dashed: fault, dotted green: repair); traffic: {source}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(rep: Dict[str, Any], out_dir: str) -> Tuple[str, str]:
+    jpath = os.path.join(out_dir, "report.json")
+    mpath = os.path.join(out_dir, "report.md")
+    with open(jpath + ".tmp", "w") as f:
+        json.dump(rep, f, indent=2, default=str)
+    os.replace(jpath + ".tmp", jpath)
+    with open(mpath, "w") as f:
+        f.write(to_markdown(rep))
+    return jpath, mpath
+
+
+__all__ = ["build_report", "fault_timing", "plot_timeline", "to_markdown", "write_report", "read_events",
+           "read_steps", "related"]

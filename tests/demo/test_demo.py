@@ -1,0 +1,231 @@
+"""`linkescape demo`: end to end (emulated always, on a testbed as root) and its parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from linkescape.demo.controller import Fault, LiveState, Tail, plan_faults
+from linkescape.demo.report import fault_timing, to_markdown
+
+DEMO_TIMEOUT = 170
+
+
+# ------------------------------------------------------------------ helpers
+def _run_demo(out, *extra, env=None):
+    argv = [sys.executable, "-m", "linkescape.cli", "demo", "--out", str(out), "--steps", "30",
+            "--model-size", "small", *extra]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=DEMO_TIMEOUT,
+                          env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - t0
+
+
+def _check_png(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 200 and height > 200
+    crc = struct.unpack(">I", data[29:33])[0]
+    assert crc == zlib.crc32(data[12:29]) & 0xFFFFFFFF, "IHDR CRC mismatch"
+    assert data.rstrip(b"\0")[-8:-4] == b"IEND"
+    import matplotlib.image
+
+    img = matplotlib.image.imread(path)
+    assert img.shape[0] == height and img.shape[1] == width
+
+
+def _check_report(out, proc, mode):
+    detail = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    for name in ("report.json", "report.md", "timeline.png"):
+        assert (out / name).is_file(), f"{name} missing\n{detail}"
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["mode"] == mode, detail
+    assert rep["steps_lost"] == 0, f"{rep['issues']}\n{detail}"
+    assert rep["training_ok"] is True, f"{rep['issues']}\n{detail}"
+    assert rep["bit_identical"] is True, f"{rep['comparison']}\n{detail}"
+    assert rep["comparison"]["params_hash_identical"] and rep["comparison"]["losses_identical"]
+    assert rep["faulty_run"]["restarts"] == 0 and not rep["faulty_run"]["exceptions"]
+    assert [f["kind"] for f in rep["faults"]] == ["cut", "blackhole", "flap"]
+    for f in rep["faults"]:
+        assert f["detection_ms"] is not None, f"{f['label']} not detected: {rep['issues']}\n{detail}"
+        assert f["recovery_ms"] is not None, f"{f['label']} never failed back: {rep['issues']}\n{detail}"
+        assert f["failovers"] >= 1
+    assert rep["all_traffic_back_on_rail0"] is True
+    assert rep["timeline_png"] and os.path.samefile(rep["timeline_png"], out / "timeline.png")
+    _check_png(out / "timeline.png")
+    md = (out / "report.md").read_text()
+    assert "Training steps lost: 0" in md and "Bit-identical to the fault-free run: yes" in md
+    # the per-step records and the final parameters of both runs
+    for run in ("faulty", "reference"):
+        steps = [json.loads(line) for line in (out / run / "steps.jsonl").read_text().splitlines()]
+        assert [s["step"] for s in steps if "step" in s] == list(range(30))
+        final = json.loads((out / run / "final.json").read_text())
+        assert final["ranks_agree"] is True and len(final["params_sha256"]) == 64
+        with np.load(out / run / "params.npz") as z:
+            assert len(z.files) >= 4
+    assert proc.returncode == 0, detail
+    return rep, md
+
+
+# ------------------------------------------------------------------ end to end
+def test_demo_emulated(tmp_path):
+    out = tmp_path / "demo"
+    proc, wall = _run_demo(out, "--emulate")
+    rep, md = _check_report(out, proc, "emulated")
+    assert rep["emulated"] is True and "EMULATED" in rep["note"]
+    assert "EMULATED" in md and "EMULATED" in proc.stdout  # said plainly, not hidden
+    # not a TTY: plain progress lines, with the faults and events as they happen
+    assert "CUT host 1 rail 0" in proc.stdout and "failover" in proc.stdout
+    assert wall < 90, f"emulated demo took {wall:.0f}s"
+
+
+@pytest.mark.testbed
+def test_demo_testbed(tmp_path):
+    from linkescape.testbed.netns import find_leftovers, list_netns
+    from linkescape.testbed.pytest_fixtures import require_nft, require_testbed
+
+    require_testbed()
+    require_nft()
+    before = {n for n in list_netns() if n.startswith("demo")}
+    out = tmp_path / "demo"
+    proc, wall = _run_demo(out)
+    rep, md = _check_report(out, proc, "testbed")
+    tb = rep["testbed"]
+    assert tb["hosts"] == 4 and tb["rails"] == 2 and tb["rate"] == "1gbit"
+    assert "EMULATED" not in md
+    causes = {f["kind"]: (f["detected_by"] or {}).get("cause") for f in rep["faults"]}
+    assert causes["cut"] in ("carrier", "peer_carrier")  # the kernel told us: no timeout needed
+    assert causes["blackhole"] in ("timeout", "socket_error")  # carrier stays up: only silence tells
+    assert rep["faults"][0]["detection_ms"] < 100
+    # the NIC counters were sampled: traffic on both rails of the cut host
+    samples = [json.loads(line) for line in (out / "tx_samples.jsonl").read_text().splitlines()]
+    assert len(samples) > 50
+    first, last = samples[0]["tx_bytes"], samples[-1]["tx_bytes"]
+    assert last[1][0] > first[1][0] and last[1][1] > first[1][1]
+    # the testbed is gone
+    assert {n for n in list_netns() if n.startswith("demo")} == before
+    assert not find_leftovers(tb["name"])
+    assert wall < 120, f"testbed demo took {wall:.0f}s"
+
+
+# ------------------------------------------------------------------ parts
+def test_plan_faults_spaced_and_ordered():
+    for duration in (16.0, 40.0):
+        fl = plan_faults(duration, 4, 2)
+        assert [(f.kind, f.host, f.rail) for f in fl] == [("cut", 1, 0), ("blackhole", 2, 0), ("flap", 3, 0)]
+        end = 0.0
+        for f in fl:
+            assert f.start_at >= end + 1.5, "each fault must leave time for the previous failback"
+            end = f.start_at + f.hold
+        assert end < 0.85 * duration
+    assert {f.host for f in plan_faults(16.0, 2, 2)} == {1}
+
+
+def _ev(ts, rank, event, peer, rail, cause=None, **extra):
+    return {"ts": ts, "rank": rank, "event": event, "peer": peer, "rail": rail, "cause": cause, **extra}
+
+
+def test_fault_timing_from_events():
+    f = Fault("cut", 1, 0, 1.0, 2.0)
+    f.issued, f.ts, f.restore_issued, f.restored = 99.99, 100.0, 102.0, 102.01
+    events = [
+        _ev(99.0, 0, "link_down", 2, 0, "timeout"),  # before the fault: not it
+        _ev(100.002, 1, "link_down", 0, 0, "carrier"),
+        _ev(100.003, 1, "failover", 0, 1, "carrier", from_rail=0),
+        _ev(100.004, 0, "failover", 1, 1, "peer_carrier", from_rail=0),
+        _ev(100.5, 2, "link_down", 3, 0, "timeout"),  # another host: not it
+        _ev(102.3, 1, "link_up", 0, 0),
+        _ev(103.1, 1, "failback", 0, 0, from_rail=1),
+        _ev(103.3, 0, "failback", 1, 0, from_rail=1),
+    ]
+    t = fault_timing(f, events)
+    assert t["detection_ms"] == pytest.approx(2.0, abs=1e-6)
+    assert t["detected_by"]["rank"] == 1 and t["detected_by"]["cause"] == "carrier"
+    assert t["recovery_ms"] == pytest.approx(1090.0, abs=1e-6)
+    assert t["all_back_ms"] == pytest.approx(1290.0, abs=1e-6)
+    assert (t["failovers"], t["failbacks"], t["link_downs"]) == (2, 2, 1)
+    nothing = fault_timing(f, events[:1])
+    assert nothing["detection_ms"] is None and nothing["recovery_ms"] is None
+
+
+def test_live_state_traffic_and_tail(tmp_path):
+    st = LiveState(4, 2, 10, "t", "faulty")
+    assert st.traffic_on(1) == "r0: all"
+    st.on_events([_ev(1.0, 1, "failover", 0, 1, "carrier", from_rail=0),
+                  _ev(1.0, 1, "failover", 2, 1, "carrier", from_rail=0)])
+    assert st.traffic_on(1) == "r0: h3 | r1: h0 h2"
+    st.on_events([_ev(2.0, 1, "no_path", 3, 0, "carrier")])
+    assert "no path: h3" in st.traffic_on(1)
+    # a tail returns whole lines only, as they are completed
+    p = tmp_path / "x.jsonl"
+    tail = Tail(str(p))
+    assert tail.read() == []
+    with open(p, "w") as f:
+        f.write('{"a": 1}\n{"b"')
+    assert tail.read() == [{"a": 1}]
+    with open(p, "a") as f:
+        f.write(': 2}\n')
+    assert tail.read() == [{"b": 2}]
+
+
+def test_markdown_says_when_faults_are_emulated():
+    rep = {"title": "t", "mode": "emulated", "note": "EMULATED faults: because", "testbed": {"hosts": 4, "rails": 2},
+           "model_size": "small", "params": 10, "steps": 3, "seed": 1, "steps_lost": 0,
+           "faulty_run": {"steps_recorded": 3, "restarts": 0, "exceptions": [], "exit_status": 0},
+           "bit_identical": None, "comparison": None, "faults": [], "issues": [], "runtime_s": 1.0}
+    md = to_markdown(rep)
+    assert "EMULATED faults: because" in md and "Training steps lost: 0" in md and "skipped" in md
+
+
+def _emulated_fault_rank(comm):
+    """Rank 1 cuts its rail 0, the collectives go on, then it repairs it and traffic returns."""
+    from linkescape.demo.emulated import apply_fault
+
+    def reduce_ok(k):
+        buf = np.full(1 << 18, float(comm.rank + k), dtype=np.float32)
+        comm.all_reduce(buf)
+        return bool(np.all(buf == sum(r + k for r in range(comm.world_size))))
+
+    ok = [reduce_ok(0)]
+    comm.barrier()
+    if comm.rank == 1:
+        apply_fault(comm, "cut", 0)
+    comm.barrier()
+    ok.append(reduce_ok(1))
+    comm.barrier()
+    if comm.rank == 1:
+        apply_fault(comm, "restore", 0)
+    deadline = time.monotonic() + 8.0
+    while time.monotonic() < deadline:  # hold-down (1 s), then failback
+        ok.append(reduce_ok(2))
+        if all(comm._engine.peers[p].active == [0] for p in comm._engine.peers):
+            break
+        time.sleep(0.1)
+    comm.barrier()
+    kinds = [(e["event"], e["peer"], e["rail"]) for e in comm.events.recent()]
+    return ok, kinds, {p: list(comm._engine.peers[p].active) for p in comm._engine.peers}
+
+
+def test_emulated_fault_hook_against_engine():
+    from linkescape.testing import raise_first, run_ranks
+
+    res = raise_first(run_ranks(3, _emulated_fault_rank, rails=("127.0.0.1", "127.0.0.2"), timeout=60))
+    for rank, (ok, kinds, active) in enumerate(res):
+        assert all(ok), f"rank {rank}: wrong all_reduce result"
+        assert all(a == [0] for a in active.values()), f"rank {rank} not back on rail 0: {active}"
+        if rank == 1:
+            assert ("link_down", 0, 0) in kinds and ("failover", 0, 1) in kinds and ("failback", 0, 0) in kinds
+        else:
+            assert ("failover", 1, 1) in kinds and ("failback", 1, 0) in kinds
