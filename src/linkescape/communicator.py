@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import zlib
@@ -104,6 +105,7 @@ class Communicator:
         self._recovery = None
         if world_size > 1:
             self._connect(store)
+        self._engine.spin = self._spin_budget()
         self._engine.start_background()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
 
@@ -129,6 +131,20 @@ class Communicator:
 
         self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, setup.listeners, peers, job,
                                   self.config)
+
+    def _spin_budget(self) -> float:
+        """Busy-poll only when every rank on this host can have a core: spinning
+        next to a peer that needs the core would only slow it down."""
+        if self.config.spin_us is not None:
+            return self.config.spin_us / 1e6
+        addrs = getattr(self, "peer_addresses", {})
+        mine = self.rail_addrs[0]
+        local = 1 + sum(1 for a in addrs.values() if a and a[0][0] == mine)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return 50e-6 if local <= cores else 0.0
 
     # ------------------------------------------------------------------ helpers
     def _check_open(self) -> None:

@@ -73,6 +73,7 @@ _ENV = {
     "LINKESCAPE_NO_PATH_TIMEOUT": ("no_path_timeout", _seconds),
     "LINKESCAPE_PEER_LOST_TIMEOUT": ("peer_lost_timeout", _seconds),
     "LINKESCAPE_EVENTS": ("events", lambda v, n: v),
+    "LINKESCAPE_SPIN_US": ("spin_us", lambda v, n: float(v)),
     "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
@@ -105,6 +106,9 @@ class Config:
     no_path_timeout: float = 1800.0
     peer_lost_timeout: float = 2.0
     events: Optional[str] = None
+    #: microseconds to busy-poll before blocking; None: 50 when every local
+    #: rank can have a core, else 0
+    spin_us: Optional[float] = None
     tcp_congestion: Optional[str] = None
     socket_buffer: Optional[int] = None
     carrier_watch: bool = True

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional
 from ..config import Config
 from ..errors import (CollectiveMismatch, CommClosed, CommTimeout, LinkEscapeError, LinkFailure, PeerLost,
                       ProtocolError)
-from ..protocol.channel import AHEAD, DUPLICATE, NEW
+from ..protocol.channel import AHEAD, DUPLICATE, NEW, address_range
 from ..protocol.frames import FLAG_ACK_NOW, P2P_FLAG, Header, Kind, pack_header
 from ..protocol.linkstate import Ev, PathPolicy, State
 from ..transport.tcp import ack_silence, tcp_info_summary
@@ -59,6 +59,8 @@ class Engine:
         self.scratch = memoryview(bytearray(1 << 16))
         self.watermark = 2 * config.chunk_bytes
         self.settle = 0.002
+        #: seconds to busy-poll before blocking (0: never)
+        self.spin = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -633,13 +635,12 @@ class Engine:
     def _protect_range(self, view: memoryview) -> None:
         """Before caller memory is overwritten, turn zero-copy frames that
         point into it into copies, so a replay sends the original bytes."""
-        if not len(view):
-            return
         lo = None
         for peer in self.peers.values():
-            if peer.send.unacked:
+            if peer.send.zc:
                 if lo is None:
-                    from ..protocol.channel import address_range
+                    if not len(view):
+                        return
                     lo, hi = address_range(view)
                 peer.send.materialize(lo, hi)
 
@@ -663,7 +664,7 @@ class Engine:
         pending = False
         for p, seq in op.last_seq.items():
             schan = self.peers[p].send
-            if schan.acked < seq and any(f.zero_copy for f in schan.unacked):
+            if schan.acked < seq and schan.zc:
                 pending = True
                 break
         if pending:
@@ -672,7 +673,7 @@ class Engine:
                 return
             if now < op.settle_until:
                 return
-            for lo, hi in op.ranges:
+            for lo, hi in op.ranges():
                 for p in op.last_seq:
                     self.peers[p].send.materialize(lo, hi)
         self._complete(op)
@@ -884,6 +885,16 @@ class Engine:
             if op.settle_until is not None:
                 left = min(left, max(0.0, op.settle_until - now))
             left = min(left, max(0.0, self._next_timer - now))
+            if self.spin:
+                # Poll without sleeping for a few microseconds first: a reply
+                # usually comes within a round trip, and waking up from a
+                # blocking poll costs more than that. Only when this rank has
+                # a core to itself (see Communicator).
+                spin_end = now + self.spin
+                while not op.done and time.monotonic() < spin_end:
+                    self.progress_once(0.0)
+                if op.done:
+                    break
             self.progress_once(left)
         return True
 

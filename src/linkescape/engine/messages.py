@@ -18,7 +18,7 @@ class Op:
     """One collective or point-to-point operation in the engine."""
 
     __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
-                 "ranges", "settle_until", "peers", "callbacks", "started", "collective", "need_ack",
+                 "views", "settle_until", "peers", "callbacks", "started", "collective", "need_ack",
                  "last_seq")
 
     def __init__(self, seq: int, name: str, deadline: float, collective: bool = True,
@@ -38,16 +38,18 @@ class Op:
         self.error: Optional[BaseException] = None
         self.done = False
         self.deadline = deadline
-        #: address ranges of caller memory that zero-copy frames may point into
-        self.ranges: List[tuple] = []
+        #: caller memory that zero-copy frames may point into
+        self.views: List[memoryview] = []
         self.settle_until: Optional[float] = None
         self.peers: set = set()
         self.callbacks: List[Callable[["Op"], None]] = []
         self.started = False
 
     def protect(self, view: memoryview) -> None:
-        if len(view):
-            self.ranges.append(address_range(view))
+        self.views.append(view)
+
+    def ranges(self) -> List[tuple]:
+        return [address_range(v) for v in self.views if len(v)]
 
     @property
     def transferred(self) -> bool:

@@ -73,11 +73,15 @@ class SendChannel:
         self.acked = 0
         self.unacked: Deque[OutFrame] = collections.deque()
         self.copied_bytes = 0  # bytes copied to keep replay possible (a metric)
+        #: how many unacknowledged frames still point into caller memory
+        self.zc = 0
 
     def emit(self, msg: int, sig: int, offset: int, payload: memoryview, copy: bool) -> OutFrame:
         if copy:
             payload = memoryview(bytes(payload))
         frame = OutFrame(self.next_seq, msg, offset, sig, payload, zero_copy=not copy)
+        if not copy:
+            self.zc += 1
         self.next_seq += 1
         self.unacked.append(frame)
         return frame
@@ -95,7 +99,8 @@ class SendChannel:
         released = 0
         unacked = self.unacked
         while unacked and unacked[0].seq <= ack:
-            unacked.popleft()
+            if unacked.popleft().zero_copy:
+                self.zc -= 1
             released += 1
         self.acked = ack
         return released
@@ -111,9 +116,12 @@ class SendChannel:
     def materialize(self, lo: int, hi: int) -> int:
         """Copy every zero-copy frame whose payload overlaps [lo, hi)."""
         copied = 0
+        if not self.zc:
+            return 0
         for frame in self.unacked:
             if frame.zero_copy and frame.lo < hi and lo < frame.hi:
                 copied += frame.materialize()
+                self.zc -= 1
         self.copied_bytes += copied
         return copied
 
@@ -121,11 +129,12 @@ class SendChannel:
         copied = 0
         for frame in self.unacked:
             copied += frame.materialize()
+        self.zc = 0
         self.copied_bytes += copied
         return copied
 
     def has_zero_copy(self) -> bool:
-        return any(f.zero_copy for f in self.unacked)
+        return self.zc > 0
 
     @property
     def inflight_bytes(self) -> int:
