@@ -409,6 +409,27 @@ class Communicator:
 
         return self._run("recv", (), build, async_op, p2p=True)
 
+    # ------------------------------------------------------------------ faults and counters
+    def inject_fault(self, rail: int, kind: str) -> float:
+        """Emulate a fault on this rank's ``rail`` inside the process: ``cut``
+        (carrier loss: links down, peers told), ``blackhole`` (silent loss) or
+        ``restore``. For tests and demos without root; real faults come from
+        the kernel. Returns the wall time at which it took effect."""
+        self._check_open()
+        if self._recovery is None:
+            raise UsageError("a communicator of one rank has no links to fault")
+        return self._recovery.inject(rail, kind)
+
+    def rail_bytes(self) -> list:
+        """Bytes sent and received per rail, over every link ever opened on it."""
+        eng = self._engine
+        eng._acquire()
+        try:
+            totals = eng.rail_totals()
+        finally:
+            eng.lock.release()
+        return [{"rail": r, "sent": s, "received": rcv} for r, (s, rcv) in enumerate(totals)]
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         if self._closed:

@@ -652,6 +652,11 @@ def analyze_series(raw: dict, st: Settings) -> dict:
                 out["restore50_from_fault_ms"] = _ms(t50 - t_eff) if t50 is not None else None
                 out["restore90_after_detect_ms"] = (_ms(t90 - t_det) if t90 is not None and t_det is not None
                                                     else None)
+                t_last = (t_fault + out["peer_all_ms"] / 1e3 if out["peer_all_ms"] is not None else None)
+                if t_last is not None and t_det is not None:
+                    t_last = max(t_last, t_det)
+                out["restore90_after_last_detect_ms"] = (_ms(t90 - t_last) if t90 is not None and t_last is not None
+                                                         else None)
                 # Outage in equivalent milliseconds at the pre-fault mean rate, first LOST_SPAN_S.
                 span = min(LOST_SPAN_S, t_rcmd - t_eff)
                 got = (np.interp(t_eff + span, ctr.t, tot) - np.interp(t_eff, ctr.t, tot)) * 8.0
@@ -698,6 +703,7 @@ def analyze_series(raw: dict, st: Settings) -> dict:
         "detect_peer_all_ms": summarize(col("peer_all_ms")),
         "peer_minus_local_ms": summarize(flat("peer_minus_local_ms")),
         "restore90_after_detect_ms": summarize(col("restore90_after_detect_ms")),
+        "restore90_after_last_detect_ms": summarize(col("restore90_after_last_detect_ms")),
         "restore90_from_fault_ms": summarize(col("restore90_from_fault_ms")),
         "restore50_from_fault_ms": summarize(col("restore50_from_fault_ms")),
         "lost_ms": summarize(col("lost_ms")),
@@ -1005,6 +1011,7 @@ def format_report(result: dict) -> str:
         lines.append(row("detection, peer side minus local", sm["peer_minus_local_ms"]))
         lines.append(row("throughput >= 90% after local detection", sm["restore90_after_detect_ms"],
                          TARGETS["restore_after_detect"]))
+        lines.append(row("throughput >= 90% after the last rank detected", sm["restore90_after_last_detect_ms"]))
         lines.append(row("throughput >= 90% after the fault", sm["restore90_from_fault_ms"]))
         lines.append(row("throughput >= 50% after the fault", sm["restore50_from_fault_ms"]))
         lines.append(row("outage-equivalent (first 1 s)", sm["lost_ms"]))

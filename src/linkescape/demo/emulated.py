@@ -6,9 +6,9 @@ takes every link on that rail down, tells its peers, and refuses to re-open
 links on it until the rail is "repaired". A "blackhole" takes the links down
 as a silent failure would (cause ``timeout``) without telling anyone.
 
-Everything here uses the library's private engine API (``Engine.link_down``,
-``Engine.notify_peers``, ``Recovery.local_down``); the demo would rather call
-a public ``Communicator.inject_fault(rail, kind)`` (see the demo's report).
+It goes through ``Communicator.inject_fault(rail, kind)``, which does what
+the library does for a real carrier loss (``cut``), a silent loss
+(``blackhole``) or a repaired rail (``restore``).
 
 The controller (another process) drives it through a control directory:
 it appends ``{"id", "action", "rail"}`` lines to ``rank{R}.cmd.jsonl``; the
@@ -30,55 +30,16 @@ ACTIONS = ("cut", "blackhole", "restore")
 # ------------------------------------------------------------ in the rank
 def find_communicator():
     """The linkescape Communicator behind the default torch process group."""
-    from ..torch import process_group as pgmod
+    from ..torch import get_communicator
 
-    with pgmod._live_lock:
-        groups = list(pgmod._live.values())
-    if not groups:
-        raise RuntimeError("no linkescape process group in this process")
-    return groups[0].communicator
+    return get_communicator()
 
 
 def apply_fault(comm, action: str, rail: int) -> float:
     """Apply one emulated fault to ``rail`` of this rank; returns the wall time it took effect."""
-    from ..protocol.frames import Kind
-    from ..protocol.linkstate import Ev, State
-
     if action not in ACTIONS:
         raise ValueError(f"unknown emulated fault {action!r}")
-    eng = comm._engine
-    rec = comm._recovery
-    if rec is None:
-        raise RuntimeError("a single-rank communicator has no links to fault")
-    if not 0 <= rail < eng.nrails:
-        raise ValueError(f"rail {rail} not in [0, {eng.nrails})")
-    eng._acquire()
-    try:
-        now = time.monotonic()
-        if action in ("cut", "blackhole"):
-            rec.local_down.add(rail)  # no dialing out, no accepting on this rail
-            ev = Ev.CARRIER_DOWN if action == "cut" else Ev.TIMEOUT
-            detail = "emulated cable cut" if action == "cut" else "emulated blackhole"
-            for peer in eng.peers.values():
-                link = peer.links[rail]
-                if link is not None:
-                    eng.link_down(link, ev, detail=detail)
-            if action == "cut":
-                eng.notify_peers(Kind.NOTIFY_DOWN, rail)
-        else:
-            rec.local_down.discard(rail)
-            for peer in eng.peers.values():
-                st = peer.status[rail]
-                if st.state is State.DOWN:
-                    st.next_probe = now
-                    st.backoff = 0.0
-            eng.notify_peers(Kind.NOTIFY_UP, rail)
-        ts = time.time()
-    finally:
-        eng.lock.release()
-    eng.wake()
-    rec.wake()
-    return ts
+    return comm.inject_fault(rail, action)
 
 
 class FaultAgent:
@@ -193,8 +154,6 @@ class RailByteSampler:
         self._get = comm_getter
         self._interval = interval
         self._stop = threading.Event()
-        self._seen: Dict[Any, Any] = {}
-        self._total: Optional[List[int]] = None
         self._thread = threading.Thread(target=self._loop, name="demo-rail-bytes", daemon=True)
 
     def start(self) -> "RailByteSampler":
@@ -210,20 +169,7 @@ class RailByteSampler:
             pass
 
     def _sample(self) -> List[int]:
-        eng = self._get()._engine
-        if self._total is None:
-            self._total = [0] * eng.nrails
-        for peer in list(eng.peers.values()):
-            for rail, link in enumerate(list(peer.links)):
-                if link is None:
-                    continue
-                key = (peer.rank, rail)
-                cur = link.bytes_sent
-                prev = self._seen.get(key)
-                delta = cur if prev is None or prev[0] is not link else cur - prev[1]
-                self._total[rail] += max(0, delta)
-                self._seen[key] = (link, cur)
-        return self._total
+        return [r["sent"] for r in self._get().rail_bytes()]
 
     def _write(self) -> None:
         _append(self.path, {"t": time.time(), "tx": list(self._sample())})

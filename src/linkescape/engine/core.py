@@ -57,6 +57,11 @@ class Engine:
         self.fatal: Optional[BaseException] = None
         self.closed = False
         self.scratch = memoryview(bytearray(1 << 16))
+        #: links cut by an emulated fault: unused, closed when the rail returns
+        self.severed: List[Link] = []
+        #: bytes moved by links that are closed now, per rail (for rail_totals)
+        self._closed_sent = [0] * nrails
+        self._closed_received = [0] * nrails
         self.watermark = 2 * config.chunk_bytes
         self.settle = 0.002
         #: seconds to busy-poll before blocking (0: never)
@@ -99,6 +104,16 @@ class Engine:
             self._reroute(peer, time.monotonic())
         self.wake()
 
+    def rail_totals(self) -> List[tuple]:
+        """(sent, received) bytes per rail, over every link ever opened on it."""
+        sent, received = list(self._closed_sent), list(self._closed_received)
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is not None:
+                    sent[link.rail] += link.bytes_sent
+                    received[link.rail] += link.bytes_received
+        return list(zip(sent, received))
+
     def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
         """Watch another descriptor (carrier monitor, listener) from both loops."""
         with self.lock:
@@ -116,8 +131,8 @@ class Engine:
                 except (KeyError, ValueError, OSError):
                     pass
 
-    def _drop_link(self, link: Link) -> None:
-        log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd, stack_info=True)
+    def _drop_link(self, link: Link, close: bool = True) -> None:
+        log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd)
         if self.by_fd.get(link.fd) is link:
             for poller in (self.poller, self.idle_poller):
                 try:
@@ -129,7 +144,12 @@ class Engine:
         peer = self.peers[link.peer]
         if peer.links[link.rail] is link:
             peer.links[link.rail] = None
-        link.close()
+            self._closed_sent[link.rail] += link.bytes_sent
+            self._closed_received[link.rail] += link.bytes_received
+        if close:
+            link.close()
+        else:
+            self.severed.append(link)  # an emulated cut: silent, as a real one
 
     def adopt_link(self, link: Link, peer_expected: int) -> None:
         """A re-opened link (either side dialed): put it in service."""
@@ -175,13 +195,15 @@ class Engine:
                 and len(peer.refused) == self.nrails):
             self._peer_lost(peer, f"rank {peer_rank} closed every link and refuses connections on every rail")
 
-    def link_down(self, link: Link, ev: Ev, detail: str = "") -> None:
-        """A link failed: drop it and move its traffic (lossless: replay)."""
+    def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
+        """A link failed: drop it and move its traffic (lossless: replay).
+        ``close=False`` keeps the socket open but unused (an emulated cut must
+        not send a FIN that a real cut never delivers)."""
         now = time.monotonic()
         peer = self.peers[link.peer]
         was_active = link.rail in peer.active
         link.status.apply(ev, now, backoff_max=self.config.reconnect_max)
-        self._drop_link(link)
+        self._drop_link(link, close=close)
         self._emit("link_down", peer.rank, link.rail, _CAUSE[ev], detail=detail)
         peer.replay = True
         self._reroute(peer, now, cause=_CAUSE[ev], moved_from=link.rail if was_active else None)
@@ -976,6 +998,8 @@ class Engine:
                 for link in peer.links:
                     if link is not None:
                         self._drop_link(link)
+            for link in self.severed:
+                link.close()
             for op in list(self.ops):
                 self._fail_op(op, CommClosed("communicator closed while the operation was running"))
         finally:

@@ -71,27 +71,66 @@ class Recovery:
 
     # ------------------------------------------------------------ carrier (engine thread, lock held)
     def _on_carrier(self, _events: int) -> None:
+        for ev in self.monitor.poll():
+            for rail, name in enumerate(self.rail_ifnames):
+                if name != ev.ifname:
+                    continue
+                if ev.up:
+                    self.rail_up(rail)
+                else:
+                    self.rail_down(rail, Ev.CARRIER_DOWN, f"{ev.ifname} lost carrier", notify=True)
+
+    def rail_down(self, rail: int, ev: Ev, detail: str, notify: bool, close: bool = True) -> None:
+        """This rank's NIC on ``rail`` is unusable: every link on it goes down
+        at once, the rail is neither dialed nor accepted on until it is back,
+        and (for a carrier loss, which we can see) the peers are told over a
+        surviving link so that they need not wait for a timeout."""
+        eng = self.engine
+        self.local_down.add(rail)
+        if notify:  # first: the peers learn it before anything else happens
+            eng.notify_peers(Kind.NOTIFY_DOWN, rail)
+        for peer in eng.peers.values():
+            link = peer.links[rail]
+            if link is not None:
+                eng.link_down(link, ev, detail=detail, close=close)
+
+    def rail_up(self, rail: int) -> None:
         eng = self.engine
         now = time.monotonic()
-        for ev in self.monitor.poll():
-            rails = [r for r, n in enumerate(self.rail_ifnames) if n == ev.ifname]
-            for rail in rails:
-                if not ev.up:
-                    self.local_down.add(rail)
-                    for peer in eng.peers.values():
-                        link = peer.links[rail]
-                        if link is not None:
-                            eng.link_down(link, Ev.CARRIER_DOWN, detail=f"{ev.ifname} lost carrier")
-                    eng.notify_peers(Kind.NOTIFY_DOWN, rail)
-                else:
-                    self.local_down.discard(rail)
-                    for peer in eng.peers.values():
-                        st = peer.status[rail]
-                        if st.state is State.DOWN:
-                            st.next_probe = now  # retry at once: the cable is back
-                            st.backoff = 0.0
-                    eng.notify_peers(Kind.NOTIFY_UP, rail)
-                    self.wake()
+        self.local_down.discard(rail)
+        for link in [l for l in eng.severed if l.rail == rail]:
+            eng.severed.remove(link)
+            link.close()
+        for peer in eng.peers.values():
+            st = peer.status[rail]
+            if st.state is State.DOWN:
+                st.next_probe = now  # retry at once: the cable is back
+                st.backoff = 0.0
+        eng.notify_peers(Kind.NOTIFY_UP, rail)
+        self.wake()
+
+    def inject(self, rail: int, kind: str) -> float:
+        """In-process fault for tests and the no-root demo: ``cut`` acts as a
+        carrier loss, ``blackhole`` as a silent loss (no notification),
+        ``restore`` as the carrier coming back. Returns the wall time."""
+        if not 0 <= rail < len(self.rail_addrs):
+            raise ValueError(f"rail {rail} not in [0, {len(self.rail_addrs)})")
+        eng = self.engine
+        eng._acquire()
+        try:
+            if kind == "cut":
+                self.rail_down(rail, Ev.CARRIER_DOWN, "injected cable cut", notify=True, close=False)
+            elif kind == "blackhole":
+                self.rail_down(rail, Ev.TIMEOUT, "injected blackhole", notify=False)
+            elif kind == "restore":
+                self.rail_up(rail)
+            else:
+                raise ValueError(f"unknown fault {kind!r}: cut, blackhole or restore")
+            ts = time.time()
+        finally:
+            eng.lock.release()
+        eng.wake()
+        return ts
 
     # ------------------------------------------------------------ thread
     def wake(self) -> None:

@@ -6,7 +6,7 @@ the ``torch.backends`` entry point when torch is imported), then::
     dist.init_process_group("linkescape")
 
 Names exported lazily: ``ProcessGroupLinkEscape``, ``LinkEscapeBackendError``,
-``LinkEscapeWork``.
+``LinkEscapeWork``, ``get_communicator``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ _LAZY = {
     "ProcessGroupLinkEscape": "process_group",
     "close_all": "process_group",
     "make_config": "process_group",
+    "get_communicator": "process_group",
     "LinkEscapeBackendError": "work",
     "LinkEscapeWork": "work",
 }

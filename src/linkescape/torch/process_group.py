@@ -47,6 +47,27 @@ _live: Dict[int, "ProcessGroupLinkEscape"] = {}
 _live_lock = threading.Lock()
 
 
+def get_communicator(group=None) -> Communicator:
+    """The linkescape Communicator behind a process group (default: the
+    world), e.g. for ``inject_fault`` or ``rail_bytes``."""
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupLinkEscape):
+        return pg.communicator
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001 - not a group with a cpu backend
+        backend = None
+    if isinstance(backend, ProcessGroupLinkEscape):
+        return backend.communicator
+    with _live_lock:
+        groups = [g for g in _live.values() if g is pg or g is backend]
+    if groups:
+        return groups[0].communicator
+    raise RuntimeError(f"{pg!r} is not a linkescape process group")
+
+
 def _writeback(staged: Sequence[Staged]) -> Optional[Callable[[], None]]:
     todo = [s for s in staged if not convert.direct(s.tensor)]
     if not todo:
