@@ -9,7 +9,7 @@ equal a native half reduction while running ~50x faster in numpy.
 from __future__ import annotations
 
 import enum
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
 import numpy as np
 

@@ -117,7 +117,7 @@ class LiveDisplay(NullDisplay):
         now = time.time()
         head = Text()
         head.append(st.title + "\n", style="bold")
-        head.append(f"one rank per host (rank i on host i), DDP over the linkescape backend\n", style="dim")
+        head.append("one rank per host (rank i on host i), DDP over the linkescape backend\n", style="dim")
         if st.run_name == "faulty":
             head.append("faulty run: ", style="bold")
             head.append("a cable is cut, an optic blackholed, a link flapped; training must not notice\n")

@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 ACTIONS = ("cut", "blackhole", "restore")
 

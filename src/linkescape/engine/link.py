@@ -11,7 +11,7 @@ import errno
 import socket
 from typing import Deque, Optional
 
-from ..protocol.frames import HEADER_SIZE, Header, Kind, pack_header, unpack_header
+from ..protocol.frames import HEADER_SIZE, Header, pack_header, unpack_header
 from ..protocol.linkstate import LinkStatus
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)

@@ -18,7 +18,7 @@ No sockets, threads or clocks here.
 from __future__ import annotations
 
 import collections
-from typing import Deque, Iterator, List, Optional
+from typing import Deque, List
 
 import numpy as np
 

@@ -13,7 +13,7 @@ import logging
 import select
 import socket
 import time
-from typing import Optional, Tuple
+from typing import Tuple
 
 from ..config import Config
 from ..errors import HandshakeError
