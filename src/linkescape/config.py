@@ -91,8 +91,8 @@ class Config:
     chunk_bytes: int = 1 << 20
     #: messages up to this size use the latency algorithms
     small_bytes: int = 64 << 10
-    #: all_reduce sends to every peer directly (one round) while
-    #: size * (world_size - 1) stays under this
+    #: all_reduce of up to 3 ranks sends to every peer directly (one round)
+    #: while size * (world_size - 1) stays under this
     direct_bytes: int = 4096
     #: frames up to this size are copied into the retransmit store when sent;
     #: larger ones are sent zero-copy from the caller's memory
