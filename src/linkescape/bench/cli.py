@@ -10,6 +10,8 @@ from typing import Optional
 
 import click
 
+from . import failover
+
 from .spec import DTYPES, OPS, REDOPS, BenchSpec, SpecError, parse_backends, parse_ops, parse_sizes
 
 EPILOG = """\b
@@ -53,6 +55,10 @@ def _command_line(spec: BenchSpec, op_text: str, sizes_text: str, factor: float,
     return " ".join(shlex.quote(a) for a in args)
 
 
+DEFAULT_RAILS = "127.0.0.1"
+
+
+@failover.add_failover_options
 @click.command("bench", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"],
                                                           "max_content_width": 100})
 @click.argument("op", required=False, default="all_reduce", metavar="[OP|all]")
@@ -70,7 +76,7 @@ def _command_line(spec: BenchSpec, op_text: str, sizes_text: str, factor: float,
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="untimed iterations per size")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="check the results of the first run of every size (#wrong)")
-@click.option("--rails", default="127.0.0.1", show_default=True, help="linkescape rails: addresses or interfaces")
+@click.option("--rails", default=DEFAULT_RAILS, show_default=True, help="linkescape rails: addresses or interfaces")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="write every record here (JSON Lines)")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
@@ -81,19 +87,22 @@ def _command_line(spec: BenchSpec, op_text: str, sizes_text: str, factor: float,
 @click.option("--store", "store_kind", type=click.Choice(["auto", "tcp", "file"]), default="auto",
               show_default=True, help="rendezvous store: torch TCPStore, or linkescape.FileStore (no torch)")
 @click.option("--faults", default=None, metavar="KINDS",
-              help="failover benchmark (cut,blackhole,...): needs the testbed; not implemented yet")
+              help="run the failover benchmark instead: faults of these kinds (cut,blackhole) on a testbed "
+                   "(root); --rails is then the testbed's rail count (default 2)")
 @click.option("-v", "--verbose", is_flag=True, help="show the ranks' own output and tracebacks")
 def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
           iters: int, warmup: int, check: bool, rails: str, json_path: Optional[str], timeout: float,
-          launcher: str, store_kind: str, faults: Optional[str], verbose: bool) -> None:
+          launcher: str, store_kind: str, faults: Optional[str], verbose: bool, **failover_opts) -> None:
     """Benchmark collectives like nccl-tests: OP is all_reduce (default), broadcast, reduce,
     all_gather, reduce_scatter, all_to_all, gather, scatter, send_recv, barrier, a comma list,
     or all."""
     if faults:
-        # The failover benchmark (time to recover, bandwidth under a cut) runs
-        # inside the testbed's network namespaces; it is wired up separately.
-        raise click.ClickException(f"--faults {faults}: the failover benchmark needs the testbed "
-                                   "(linkescape testbed); not implemented yet")
+        # The failover benchmark runs on a testbed of network namespaces.
+        from .failover import run_failover_cli
+
+        run_failover_cli(faults, rails=rails if rails != DEFAULT_RAILS else 2, json_path=json_path,
+                         **failover_opts)
+        return
     try:
         ops = parse_ops(op)
     except SpecError as exc:

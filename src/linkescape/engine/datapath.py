@@ -304,9 +304,10 @@ class DataPath:
                     other.binding = None
                     other.sink = self._discard(len(other.sink))
         link.reset_read()
-        # the next frame may be for a message that is posted now
-        if peer.cur_in is None:
-            self._resume_parked(peer, skip=link)
+        # A parked link may hold the next frame: the one that was ahead of
+        # this one (failback: new frames on the primary while the backup
+        # drains), or the start of a message that is posted now.
+        self._resume_parked(peer, skip=link)
 
     def _recv_done(self, peer: Peer, m: InMessage) -> None:
         m.done = True
