@@ -435,23 +435,20 @@ class Communicator:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._recovery is not None:
-            self._recovery.close()
-        self._engine.close(graceful=True)
-        if self._setup is not None:
-            self._setup.close()
-        self.events.close()
+        """Deliver what is still unacknowledged, say goodbye to every peer, close."""
+        self._shutdown(graceful=True)
 
     def abort(self) -> None:
+        """Close at once: pending operations fail, nothing more is delivered."""
+        self._shutdown(graceful=False)
+
+    def _shutdown(self, graceful: bool) -> None:
         if self._closed:
             return
         self._closed = True
         if self._recovery is not None:
             self._recovery.close()
-        self._engine.close(graceful=False)
+        self._engine.close(graceful=graceful)
         if self._setup is not None:
             self._setup.close()
         self.events.close()

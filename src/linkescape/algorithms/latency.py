@@ -93,25 +93,26 @@ def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     start_step(0)
 
 
+def _tree(n: int, rel: int, root: int):
+    """Binomial tree over ranks relative to ``root``: (parent or None, children),
+    as real ranks. The parent clears the lowest set bit; children set one of
+    the zero bits below it."""
+    parent = None if rel == 0 else ((rel & (rel - 1)) + root) % n
+    children = []
+    mask = 1
+    while mask < n and not rel & mask:
+        if rel | mask < n:
+            children.append(((rel | mask) + root) % n)
+        mask <<= 1
+    return parent, children
+
+
 def broadcast(s: Schedule, raw: memoryview, root: int) -> None:
     """Binomial tree from ``root``."""
     n, r = s.world_size, s.rank
-    rel = (r - root) % n
-    # receive from the parent (clear the lowest set bit), then send to children
-    if rel:
-        parent = (rel & (rel - 1))
-        rcv = s.recv((parent + root) % n, len(raw), dst=raw)
-    else:
-        rcv = None
-    children = []
-    mask = 1
-    while mask < n:
-        if rel & mask:
-            break
-        child = rel | mask
-        if child < n:
-            children.append((child + root) % n)
-        mask <<= 1
+    parent, children = _tree(n, (r - root) % n, root)
+    # receive from the parent, then forward to the children, farthest first
+    rcv = s.recv(parent, len(raw), dst=raw) if parent is not None else None
     sends = [s.send(c, raw, ready=0 if rcv is not None else None) for c in reversed(children)]
     if rcv is not None and sends:
         def on_frame(received, sends=sends, m=rcv):
@@ -125,21 +126,11 @@ def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray) -> No
     """Binomial tree toward ``root``; ``out`` (root: the caller's buffer, others:
     a scratch copy) accumulates children's values in a fixed order."""
     n, r = s.world_size, s.rank
-    rel = (r - root) % n
-    children = []
-    mask = 1
-    while mask < n:
-        if rel & mask:
-            break
-        child = rel | mask
-        if child < n:
-            children.append((child + root) % n)
-        mask <<= 1
+    parent, children = _tree(n, (r - root) % n, root)
     nbytes = flat.nbytes
     rbufs = [np.empty_like(flat) for _ in children]
     parent_send = None
-    if rel:
-        parent = ((rel & (rel - 1)) + root) % n
+    if parent is not None:
         parent_send = s.send(parent, byte_view(out), ready=0 if children else None)
     state = {"left": len(children)}
     recvs = []
