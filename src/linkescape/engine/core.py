@@ -206,6 +206,8 @@ class Engine(DataPath, Loop):
         self._drop_link(link, close=close)
         self._emit("link_down", peer.rank, link.rail, _CAUSE[ev], detail=detail)
         peer.replay = True
+        # A link parked on a frame ahead may have waited for this one.
+        self._resume_parked(peer)
         self._reroute(peer, now, cause=_CAUSE[ev], moved_from=link.rail if was_active else None)
 
     def _reroute(self, peer: Peer, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
@@ -304,15 +306,6 @@ class Engine(DataPath, Loop):
                     or (op.need_ack and op.last_seq.get(rank, 0) > acked)):
                 self._fail_op(op, exc)
 
-        # ACK and HEARTBEAT: the ack in the header and last_heard are all they carry
-
-
-
-
-
-
-
-
     # ------------------------------------------------------------ completion
     def _check_op(self, op: Op, now: float) -> None:
         if op.done or not op.transferred:
@@ -373,6 +366,16 @@ class Engine(DataPath, Loop):
                     q.remove(m)
             if peer.cur_in is m:
                 peer.cur_in = None
+            # A frame half-read for this receive must not land in memory the
+            # caller gets back now.
+            for link in peer.links:
+                if link is not None and link.binding is m:
+                    link.binding = None
+                    link.sink = self._discard(len(link.sink))
+        # ... nor may a replay later read memory the caller rewrites.
+        for lo, hi in op.ranges():
+            for p in op.last_seq:
+                self.peers[p].send.materialize(lo, hi)
         self._complete(op)
 
     def _set_fatal(self, exc: BaseException) -> None:

@@ -201,7 +201,12 @@ class DataPath:
             peer.recv.ack_sent = 0
             peer.ack_urgent = True
         elif cls is AHEAD:
-            return self._park(link)
+            if any(other is not link and other.status.state is State.UP for other in peer.links if other):
+                return self._park(link)  # the gap is on its way over another link
+            # No other link can fill the gap: the frames missing are replayed
+            # behind this one on this very link, and so is this one. Drop it.
+            link.binding = None
+            link.sink = self._discard(hdr.length)
         else:
             cur = peer.cur_in
             if cur is None:
@@ -320,8 +325,7 @@ class DataPath:
         for link in peer.links:
             if link is not None and link.parked and link is not skip and link.hdr is not None:
                 try:
-                    if self._bind(peer, link):
-                        pass  # reading resumes through poll
+                    self._bind(peer, link)  # when bound, reading resumes through poll
                 except LinkEscapeError as exc:
                     self._set_fatal(exc)
 

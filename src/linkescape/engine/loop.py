@@ -28,12 +28,14 @@ POLLERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 class Loop:
     def _acquire(self) -> None:
         if not self.lock.acquire(blocking=False):
-            self._waiters += 1
+            with self._drivers_cv:  # the count is shared between threads
+                self._waiters += 1
             try:
                 self.wake()  # whoever holds it may sit in poll(): make it let go
                 self.lock.acquire()
             finally:
-                self._waiters -= 1
+                with self._drivers_cv:
+                    self._waiters -= 1
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` under the lock in the next progress round, from any
@@ -233,11 +235,10 @@ class Loop:
         while not op.done:
             if self._waiters:
                 # Another thread wants the lock (to post, or to wait on its own
-                # op): let it in between two rounds.
+                # op): let it in between two rounds, then make progress anyway.
                 self.lock.release()
                 time.sleep(0.0002)
                 self.lock.acquire()
-                continue
             now = time.monotonic()
             left = 0.05 if end is None else min(0.05, end - now)
             if left <= 0:
