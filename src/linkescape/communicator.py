@@ -56,12 +56,16 @@ class Work:
     def add_done_callback(self, fn) -> None:
         """``fn(work)`` runs when the operation ends (possibly at once, possibly
         on the progress thread)."""
-        with self._comm._engine.lock:
+        eng = self._comm._engine
+        eng._acquire()  # a driving thread yields to us between two rounds
+        try:
             if self._op.done:
                 run_now = True
             else:
                 run_now = False
                 self._op.callbacks.append(lambda _op: fn(self))
+        finally:
+            eng.lock.release()
         if run_now:
             fn(self)
 
@@ -184,7 +188,10 @@ class Communicator:
                 seq = msg = self._seq
             deadline = time.monotonic() + (timeout if timeout is not None else self.config.timeout)
             op = Op(seq, name, deadline, collective=not p2p, need_ack=rooted)
-            sched = Schedule(op, self.rank, self.world_size, msg, _signature(name, *sig_fields))
+            # The thresholds choose the schedule: ranks configured differently
+            # must get a mismatch error, not wait for messages never sent.
+            sched = Schedule(op, self.rank, self.world_size, msg,
+                             _signature(name, *sig_fields, self.config.small_bytes, self.config.direct_bytes))
             build(sched)
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)

@@ -325,7 +325,9 @@ class DataPath:
         for link in peer.links:
             if link is not None and link.parked and link is not skip and link.hdr is not None:
                 try:
-                    self._bind(peer, link)  # when bound, reading resumes through poll
+                    if self._bind(peer, link) and not len(link.sink):
+                        self._deliver(peer, link)  # nothing to read: no poll event would come
+                    # otherwise reading resumes through poll
                 except LinkEscapeError as exc:
                     self._set_fatal(exc)
 
