@@ -9,6 +9,8 @@ import datetime
 import threading
 
 import pytest
+
+from linkescape.config import Config
 import torch
 import torch.distributed as dist
 
@@ -85,7 +87,8 @@ def test_config_honours_torch_timeout(monkeypatch):
     monkeypatch.delenv("LINKESCAPE_SILENT_TIMEOUT_MS", raising=False)
     cfg = make_config(12.0)
     assert cfg.timeout == 12.0 and cfg.connect_timeout == 12.0
-    assert cfg.silent_timeout >= 1.0
+    # silent-loss detection reads kernel acks, so torch jobs keep the library default
+    assert cfg.silent_timeout == Config().silent_timeout
     monkeypatch.setenv("LINKESCAPE_TIMEOUT", "42")
     assert make_config(dist.constants.default_pg_timeout.total_seconds()).timeout == 42.0
     assert make_config(12.0).timeout == 12.0

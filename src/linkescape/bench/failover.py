@@ -598,6 +598,7 @@ def analyze_series(raw: dict, st: Settings) -> dict:
         out["peer_minus_local_ms"] = {p: (v - out["local_ms"]) for p, v in peer_ms.items()
                                       if v is not None and out["local_ms"] is not None}
         causes: Dict[str, Dict[str, int]] = {}
+        churn: List[dict] = []
         for r in range(world):
             for j, e in enumerate(events[r]):
                 ev, ts = e.get("event"), e["ts"]
@@ -612,7 +613,15 @@ def analyze_series(raw: dict, st: Settings) -> dict:
                     explained.add((r, j))
                 elif ev in ("link_up", "failback") and ts >= t_rcmd - 0.001:
                     explained.add((r, j))
+                elif ev in ("link_down", "failover") and ts >= t_rcmd - 0.001 and (
+                        e.get("rail") == frail or e.get("from_rail") == frail):
+                    # The repaired rail's links went down again after the restore (a
+                    # replaced or half-open connection, a trip during the hold-down):
+                    # part of this fault's recovery, not a false trip; it delays failback.
+                    churn.append({k: e.get(k) for k in ("ts", "rank", "event", "peer", "rail", "cause", "detail")})
+                    explained.add((r, j))
         out["causes"] = causes
+        out["restore_churn"] = churn
         t_reff = min(t_restore, t_kr) if t_kr is not None else t_restore
         fbl = [_first(events[rank], "failback", t_rcmd, t_next, peer=p) for p in others]
         fbl_t = [e["ts"] for e in fbl if e]
@@ -722,7 +731,8 @@ def analyze_series(raw: dict, st: Settings) -> dict:
             "stalls": stalls, "stall_seconds": sum(x["seconds"] for x in stalls),
             "wrong": wrong, "wrong_iters": wrong_iters,
             "errors": [e for e in exits if e.get("error")], "hangs": sum(1 for e in exits if e.get("hung")),
-            "iters": iters, "unexplained_events": unexplained, "nbytes": raw["nbytes"], "world": world}
+            "iters": iters, "unexplained_events": unexplained, "nbytes": raw["nbytes"], "world": world,
+            "restore_churn": [c for f in per_fault for c in f["restore_churn"]]}
 
 
 # ------------------------------------------------------------------ overhead
@@ -972,8 +982,9 @@ def verdict(result: dict) -> Dict[str, Any]:
         out[f"{kind}_correct"] = s["wrong"] == 0 and s["hangs"] == 0 and not s["errors"]
         out[f"{kind}_no_false_trips"] = not s["unexplained_events"]
     ov = result.get("overhead")
-    if ov and ov.get("overhead_pct") is not None:
-        out["overhead"] = ov["overhead_pct"] <= TARGETS["overhead_pct"]
+    if ov and ov.get("overhead_pct_pairs") is not None:
+        # paired (adjacent, alternating) runs cancel most of the machine's drift
+        out["overhead"] = ov["overhead_pct_pairs"] <= TARGETS["overhead_pct"]
     return out
 
 
@@ -1029,7 +1040,9 @@ def format_report(result: dict) -> str:
                     causes[side][c] += n
         lines.append(f"  link_down causes: {causes}")
         lines.append(f"  wrong elements {s['wrong']}, errors {len(s['errors'])}, hangs {s['hangs']}, "
-                     f"iterations {s['iters']}, unexplained link events {len(s['unexplained_events'])}")
+                     f"iterations {s['iters']}, unexplained link events (false trips) "
+                     f"{len(s['unexplained_events'])}, repaired rail down again after restore "
+                     f"{len(s.get('restore_churn', []))}")
         for e in s["unexplained_events"][:5]:
             lines.append(f"    unexplained: {e}")
         if s["stalls"] or s["no_baseline"]:
@@ -1049,11 +1062,13 @@ def format_report(result: dict) -> str:
         lines.append(f"  rail 0 only:       median {_fmt(ov['single_gbps']['median'], '', 3)} "
                      f"(min {_fmt(ov['single_gbps']['min'], '', 3)}, max {_fmt(ov['single_gbps']['max'], '', 3)}, "
                      f"n={ov['single_gbps']['n']})")
-        pct = ov.get("overhead_pct")
-        if pct is not None:
-            lines.append(f"  overhead {pct:+.2f}% (medians), {_fmt(ov.get('overhead_pct_pairs'), '%', 2)} "
-                         f"(median of paired ratios); target <= {TARGETS['overhead_pct']:g}%: "
-                         f"{'met' if pct <= TARGETS['overhead_pct'] else 'MISSED'}")
+        pct, pairs = ov.get("overhead_pct"), ov.get("overhead_pct_pairs")
+        if pairs is not None:
+            pr = ov["pair_ratio"]
+            lines.append(f"  overhead {pairs:+.2f}% (median of the paired ratios backup/single; ratios "
+                         f"{_fmt(pr['min'], '', 3)}..{_fmt(pr['max'], '', 3)}), {pct:+.2f}% (ratio of medians); "
+                         f"target <= {TARGETS['overhead_pct']:g}%: "
+                         f"{'met' if pairs <= TARGETS['overhead_pct'] else 'MISSED'}")
         lines.append(f"  wrong {ov['wrong']}, hangs {ov['hangs']}, errors {len(ov['errors'])}")
         lines.append("")
     mp = result.get("mptcp")

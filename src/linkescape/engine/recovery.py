@@ -200,7 +200,9 @@ class Recovery:
         self.epochs[(peer, rail)] = epoch
         expected = eng.peers[peer].recv.expected  # an int: a racy read is fine, replay trims less
         hello = Hello(self.rank, peer, rail, epoch, expected, self.job)
-        deadline = time.monotonic() + min(1.0, self.config.reconnect_max + 0.5)
+        # Short: on a black-holed path the SYN just vanishes, and this thread
+        # dials one link at a time, so a long wait would delay every re-dial.
+        deadline = time.monotonic() + min(0.5, self.config.reconnect_max + 0.25)
         self.dialing.add((peer, rail))
         try:
             sock, reply = tcp.connect(self.rail_addrs[rail], self.peer_addrs[peer][rail], hello, self.config,
