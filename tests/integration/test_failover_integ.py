@@ -167,3 +167,23 @@ def test_no_path_left_raises_link_failure_after_deadline(testbed_factory):
         assert ex["error_type"] == "LinkFailure", ex
     assert took < 20
     assert any(e[0] == "no_path" for e in ev)
+
+
+def test_a_paused_rank_is_not_a_dead_link(testbed_factory):
+    """A rank stopped for longer than the silent timeout (descheduled, swapping)
+    must not find its healthy links silent when it runs again."""
+    import signal
+
+    tb = testbed_factory(2, 2)
+    with Job(tb, op="all_reduce", count=1 << 16, iters=30, gap=0.3) as job:
+        for r in range(2):
+            job.wait_for("ready", rank=r, timeout=60)
+        for it in (2, 6, 10):
+            job.wait_for("done", rank=1, iter=it, timeout=60)
+            job.procs[1].send_signal(signal.SIGSTOP)
+            time.sleep(0.3)
+            job.procs[1].send_signal(signal.SIGCONT)
+        exits = job.finish(timeout=120)
+        _assert_clean(exits, job)
+        trails = [_events(job, r) for r in range(2)]
+    assert not any(e[0] in ("link_down", "peer_lost") for trail in trails for e in trail), trails

@@ -81,6 +81,7 @@ class Engine(DataPath, Loop):
         self._drivers_cv = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
         self._next_timer = 0.0
+        self._last_timers = time.monotonic()
         #: work other threads hand to whoever drives progress (never block them on the lock)
         self._soon: "collections.deque" = collections.deque()
         self._waiters = 0

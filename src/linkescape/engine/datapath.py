@@ -120,7 +120,6 @@ class DataPath:
                     hdr = link.read_header()
                     if hdr is None:
                         continue
-                    link.last_heard = time.monotonic()
                     if hdr.ack:
                         peer.send.on_ack(hdr.ack)
                     if hdr.kind != Kind.DATA:
@@ -134,7 +133,6 @@ class DataPath:
                 if link.sink_got < len(link.sink):
                     if not link.read_payload():
                         continue
-                link.last_heard = time.monotonic()
                 self._deliver(peer, link)
         except (BlockingIOError, InterruptedError):
             return

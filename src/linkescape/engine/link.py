@@ -37,7 +37,7 @@ class LinkClosed(Exception):
 class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
                  "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
-                 "staging", "last_heard", "last_sent", "bytes_sent", "bytes_received", "binding")
+                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
         self.sock = sock
@@ -56,7 +56,8 @@ class Link:
         self.sink_got = 0
         self.parked = False
         self.staging: Optional[memoryview] = None
-        self.last_heard = now
+        #: when our bytes were first seen waiting for the peer's kernel ack
+        self.pending_since: Optional[float] = None
         self.last_sent = now
         self.bytes_sent = 0
         self.bytes_received = 0

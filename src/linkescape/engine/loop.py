@@ -146,26 +146,23 @@ class Loop:
 
     def _timers(self, now: float) -> None:
         hb = self.config.heartbeat_interval
+        # If this rank was not running (descheduled, stopped, a long GIL hold),
+        # nothing was observed meanwhile: start watching afresh.
+        blind = now - self._last_timers > self.config.silent_timeout / 2
+        self._last_timers = now
         for peer in self.peers.values():
             for link in peer.links:
                 if link is None or link.status.state is not State.UP:
+                    continue
+                if self._silent(link, now, blind):
+                    self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for "
+                                                            f"{now - link.pending_since:.3f}s "
+                                                            f"({tcp_info_summary(link.sock)})")
                     continue
                 if now - link.last_sent >= hb and not link.out:
                     link.queue_control(Kind.HEARTBEAT, peer.recv.cumulative_ack)
                     peer.recv.ack_sent_upto(peer.recv.cumulative_ack)
                     self._flush(link)
-                    if peer.links[link.rail] is not link:
-                        continue
-                # Silent loss: our bytes (data or a heartbeat) stay unacknowledged
-                # by the peer's kernel. Kernel acks keep coming while the peer
-                # process is busy, so only the path can trip this.
-                try:
-                    silent = ack_silence(link.sock)
-                except OSError:
-                    silent = 0.0
-                if silent > self.config.silent_timeout:
-                    self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {silent:.3f}s "
-                                                            f"({tcp_info_summary(link.sock)})")
             if peer.no_path_since is not None and peer.lost is None:
                 if peer.eof_since is not None and now - peer.eof_since > self.config.peer_lost_timeout * 0.75:
                     self._peer_lost(peer, f"rank {peer.rank} closed every link and did not come back")
@@ -182,6 +179,24 @@ class Loop:
                 self._send_ack(peer)
         for tick in self.tickers:
             tick(now)
+
+    def _silent(self, link, now: float, blind: bool) -> bool:
+        """Silent loss: our bytes (data or a heartbeat) wait for the peer's
+        kernel to acknowledge them for longer than the silent timeout. Kernel
+        acks keep coming while the peer process is busy, so only the path can
+        trip this. Silence counts from when bytes were first seen waiting,
+        not from the last ack: after a pause the last ack is old although the
+        byte just went out."""
+        try:
+            silent = ack_silence(link.sock)
+        except OSError:
+            silent = None
+        if silent is None or blind:
+            link.pending_since = None if silent is None else now
+            return False
+        if link.pending_since is None:
+            link.pending_since = now
+        return min(silent, now - link.pending_since) > self.config.silent_timeout
 
     def _silent_everywhere(self, peer: Peer) -> bool:
         """Every rail went silent within a short window, with no carrier

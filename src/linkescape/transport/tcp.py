@@ -13,7 +13,7 @@ import logging
 import select
 import socket
 import time
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..config import Config
 from ..errors import HandshakeError
@@ -51,10 +51,10 @@ def tune(sock: socket.socket, config: Config) -> None:
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)
 
 
-def ack_silence(sock: socket.socket) -> float:
+def ack_silence(sock: socket.socket) -> Optional[float]:
     """Seconds since the peer's kernel last acknowledged anything, while bytes
     of ours wait for it (in flight, or queued because the NIC drops them);
-    0.0 when nothing is outstanding or the peer's window is closed.
+    None when nothing is outstanding or the peer's window is closed.
 
     The peer's kernel answers for it: a peer process that is merely busy
     (holding the GIL, swapping) still gets its bytes acknowledged, so only a
@@ -65,7 +65,7 @@ def ack_silence(sock: socket.socket) -> float:
     unacked = int.from_bytes(info[24:28], "little")
     notsent = int.from_bytes(info[144:148], "little") if len(info) >= 148 else 0
     if not unacked and not notsent:
-        return 0.0
+        return None
     # A (nearly) closed window means the peer acknowledged and is just not
     # reading (or its kernel dropped what did not fit): alive, flow-controlled.
     # With an open window, bytes in flight or stuck in our own queue (a NIC
@@ -73,7 +73,7 @@ def ack_silence(sock: socket.socket) -> float:
     snd_wnd = int.from_bytes(info[228:232], "little") if len(info) >= 232 else 1 << 30
     mss = int.from_bytes(info[16:20], "little") or 1460
     if snd_wnd < 2 * mss:
-        return 0.0
+        return None
     return int.from_bytes(info[56:60], "little") / 1000.0  # tcpi_last_ack_recv, ms
 
 
