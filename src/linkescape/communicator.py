@@ -134,7 +134,7 @@ class Communicator:
         from .engine.recovery import Recovery
 
         self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, setup.listeners, peers, job,
-                                  self.config)
+                                  self.config, store=store)
 
     def _spin_budget(self) -> float:
         """Busy-poll only when every rank on this host can have a core: spinning

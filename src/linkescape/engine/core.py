@@ -85,6 +85,11 @@ class Engine(DataPath, Loop):
         #: work other threads hand to whoever drives progress (never block them on the lock)
         self._soon: "collections.deque" = collections.deque()
         self._waiters = 0
+        #: peer -> True (it lost every rail itself: a link failure), False
+        #: (it did not: it is gone), absent (not known yet); set by Recovery
+        self.isolated: Dict[int, bool] = {}
+        #: asks Recovery to find out whether a silent peer is isolated
+        self.on_suspect: Optional[Callable[[int], None]] = None
         #: called when a down link should be re-dialed now (set by Recovery)
         self.on_redial: Optional[Callable[[], None]] = None
         #: hooks for the failover layer (reconnects, carrier) run on every timer tick
@@ -168,6 +173,7 @@ class Engine(DataPath, Loop):
         self.poller.register(link.fd, POLLIN)
         peer.eof_rails.discard(link.rail)
         peer.eof_since = None
+        self.isolated.pop(peer.rank, None)
         peer.refused.discard(link.rail)
         if peer.send.acked < peer_expected - 1 <= peer.send.last_seq:
             peer.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
@@ -178,12 +184,16 @@ class Engine(DataPath, Loop):
     def notify_peers(self, kind: int, rail: int) -> None:
         """Tell every peer, over any surviving link, about our NIC on ``rail``."""
         for peer in self.peers.values():
-            links = [l for l in peer.live_links() if l.rail != rail]
-            if not links:
-                continue
-            link = next((l for l in links if l.rail in peer.active), links[0])
-            link.queue_control(kind, peer.recv.cumulative_ack, arg=rail)
-            self._flush(link)
+            self.notify(peer, kind, rail)
+
+    def notify(self, peer: Peer, kind: int, rail: int) -> None:
+        """Tell ``peer`` about ``rail`` over another rail, if one is left."""
+        links = [l for l in peer.live_links() if l.rail != rail]
+        if not links:
+            return
+        link = next((l for l in links if l.rail in peer.active), links[0])
+        link.queue_control(kind, peer.recv.cumulative_ack, arg=rail)
+        self._flush(link)
 
     def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         peer = self.peers[peer_rank]

@@ -180,6 +180,10 @@ class DataPath:
             peer.peer_carrier_down[hdr.arg] = True
             if other is not None:
                 self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
+        elif hdr.kind == Kind.NOTIFY_SILENT:
+            other = peer.links[hdr.arg] if hdr.arg < len(peer.links) else None
+            if other is not None:
+                self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
         elif hdr.kind == Kind.NOTIFY_UP:
             peer.peer_carrier_down[hdr.arg] = False
             if hdr.arg < len(peer.status) and peer.status[hdr.arg].state is State.DOWN:

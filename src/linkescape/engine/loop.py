@@ -158,6 +158,8 @@ class Loop:
                     self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for "
                                                             f"{now - link.pending_since:.3f}s "
                                                             f"({tcp_info_summary(link.sock)})")
+                    # the other end would find out only at its own next check
+                    self.notify(peer, Kind.NOTIFY_SILENT, link.rail)
                     continue
                 if now - link.last_sent >= hb and not link.out:
                     link.queue_control(Kind.HEARTBEAT, peer.recv.cumulative_ack)
@@ -169,7 +171,16 @@ class Loop:
                 elif now - peer.no_path_since > self.config.no_path_timeout:
                     self._no_path_expired(peer, now)
                 elif self._silent_everywhere(peer):
-                    self._peer_lost(peer, f"rank {peer.rank} stopped answering on every rail at once", "timeout")
+                    # A host that lost every rail looks the same from here as
+                    # one that died; the isolated rank says so through the
+                    # store (the management network), which settles it.
+                    isolated = self.isolated.get(peer.rank)
+                    if isolated is None and self.on_suspect is not None:
+                        self.on_suspect(peer.rank)
+                    waited = now - max(st.since for st in peer.status)
+                    if isolated is False or (isolated is None and waited > self.config.peer_lost_timeout * 0.75):
+                        self._peer_lost(peer, f"rank {peer.rank} stopped answering on every rail at once",
+                                        "timeout")
             elif peer.active:
                 best = self.policy.choose(peer.status, now)
                 if best != peer.active:

@@ -30,12 +30,20 @@ from .link import Link
 
 log = logging.getLogger("linkescape.recovery")
 
+ISOLATED_KEY = "linkescape/isolated/{rank}"
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
 
 class Recovery:
     def __init__(self, engine, rail_addrs: Sequence[str], rail_ifnames: Sequence[Optional[str]],
                  listeners: List[socket.socket], peer_addrs: Dict[int, List[Tuple[str, int]]], job: bytes,
-                 config: Config) -> None:
+                 config: Config, store=None) -> None:
         self.engine = engine
+        self.store = store
+        self._suspects: set = set()
         self.rank = engine.rank
         self.rail_addrs = list(rail_addrs)
         self.rail_ifnames = list(rail_ifnames)
@@ -66,6 +74,7 @@ class Recovery:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         engine.on_redial = self.wake
+        engine.on_suspect = self._suspect
         self.thread = threading.Thread(target=self._loop, name=f"linkescape-recovery-{self.rank}", daemon=True)
         self.thread.start()
 
@@ -86,6 +95,8 @@ class Recovery:
         and (for a carrier loss, which we can see) the peers are told over a
         surviving link so that they need not wait for a timeout."""
         eng = self.engine
+        if len(self.local_down | {rail}) == len(self.rail_addrs) > len(self.local_down):
+            self._isolation(True)
         self.local_down.add(rail)
         if notify:  # first: the peers learn it before anything else happens
             eng.notify_peers(Kind.NOTIFY_DOWN, rail)
@@ -94,9 +105,45 @@ class Recovery:
             if link is not None:
                 eng.link_down(link, ev, detail=detail, close=close)
 
+    def _isolation(self, isolated: bool) -> None:
+        """Tell the others, through the store (the management network), that
+        this rank has no rail left: its silence is a link failure, not death."""
+        if self.store is None:
+            return
+        key, value = ISOLATED_KEY.format(rank=self.rank), (f"{time.time()}" if isolated else "0")
+
+        def write() -> None:
+            try:
+                self.store.set(key, value)
+            except Exception as exc:  # noqa: BLE001 - best effort, never the data path
+                log.warning("rank %d: cannot record isolation in the store: %s", self.rank, exc)
+        threading.Thread(target=write, daemon=True).start()
+
+    def _suspect(self, peer: int) -> None:
+        if peer not in self._suspects:
+            self._suspects.add(peer)
+            self.wake()
+
+    def _check_suspects(self) -> None:
+        """Runs on this thread: ask the store whether silent peers are isolated."""
+        for peer in list(self._suspects):
+            self._suspects.discard(peer)
+            key = ISOLATED_KEY.format(rank=peer)
+            try:
+                check = getattr(self.store, "check", None)
+                present = check([key]) if check is not None else True
+                value = _text(self.store.get(key)) if present else "0"
+                isolated = value not in ("", "0")
+            except Exception as exc:  # noqa: BLE001 - no store answer: let the timeout decide
+                log.debug("rank %d: store has no word on rank %d: %s", self.rank, peer, exc)
+                continue
+            self.engine.call_soon(lambda peer=peer, isolated=isolated: self.engine.isolated.__setitem__(peer, isolated))
+
     def rail_up(self, rail: int) -> None:
         eng = self.engine
         now = time.monotonic()
+        if len(self.local_down) == len(self.rail_addrs) and rail in self.local_down:
+            self._isolation(False)
         self.local_down.discard(rail)
         for link in [l for l in eng.severed if l.rail == rail]:
             eng.severed.remove(link)
@@ -160,6 +207,8 @@ class Recovery:
                         pass
                 else:
                     self._accept(fd)
+            if self._suspects and self.store is not None:
+                self._check_suspects()
             for peer, rail in self._due_dials():
                 if self.closed:
                     return

@@ -43,6 +43,8 @@ class Kind(enum.IntEnum):
     NOTIFY_UP = 5
     #: graceful close: the peer closes its communicator
     BYE = 6
+    #: "I found our link on rail <arg> silent": switch now, do not wait to find it too
+    NOTIFY_SILENT = 7
 
 
 @dataclass(frozen=True)
