@@ -121,8 +121,9 @@ def _check_series(s, kind, count):
         assert all(v is not None for v in f["peer_ms"].values()), f
         assert f["failback_local_ms"] is not None and f["failback_local_ms"] > 0, f
         if kind == "cut":
-            # the peer learns of a cut from the faulty host, which fails over first
-            assert all(d >= 0 for d in f["peer_minus_local_ms"].values()), f
+            # the peer learns of a cut from the faulty host, which tells it first and then
+            # fails over itself: the two happen within a few milliseconds, in either order
+            assert all(d >= -5.0 for d in f["peer_minus_local_ms"].values()), f
             assert f["causes"].get("local", {}).get("carrier"), f
         else:
             assert f["local_ms"] > 50, f  # a blackhole is only seen by silence
