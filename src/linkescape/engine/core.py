@@ -106,7 +106,6 @@ class Engine(DataPath, Loop):
             self.by_fd[link.fd] = link
             self.masks[link.fd] = POLLIN
             self.poller.register(link.fd, POLLIN)
-            peer.eof_rails.discard(link.rail)
             self._reroute(peer, time.monotonic())
         self.wake()
 
@@ -171,7 +170,6 @@ class Engine(DataPath, Loop):
         self.by_fd[link.fd] = link
         self.masks[link.fd] = POLLIN
         self.poller.register(link.fd, POLLIN)
-        peer.eof_rails.discard(link.rail)
         peer.eof_since = None
         self.isolated.pop(peer.rank, None)
         peer.refused.discard(link.rail)
@@ -284,7 +282,6 @@ class Engine(DataPath, Loop):
             else:
                 peer.coll_recvs.append(m)
         self.ops.append(op)
-        op.started = True
         if op.collective:
             self.coll_started = op.seq
         for p in op.peers:

@@ -4,6 +4,7 @@ replay safe. A mixin of ``Engine``; every method runs under its lock."""
 
 from __future__ import annotations
 
+import collections
 import select
 import time
 from typing import Optional
@@ -27,7 +28,7 @@ class DataPath:
         if queue and queue[0].done:
             self._take_unexpected(peer, queue.popleft(), m)
             return
-        peer.p2p_recvs.setdefault(tag, __import__("collections").deque()).append(m)
+        peer.p2p_recvs.setdefault(tag, collections.deque()).append(m)
 
     def _take_unexpected(self, peer: Peer, u: Unexpected, m: InMessage) -> None:
         if u.nbytes != m.nbytes:
@@ -153,7 +154,6 @@ class DataPath:
         if peer.closed_by_peer:
             self._drop_link(link)
             return
-        peer.eof_rails.add(link.rail)
         self.link_down(link, Ev.SOCKET_ERROR, detail=f"{type(exc).__name__}: {exc}")
         # Every link ended with FIN/RST. A dead process also lost its listener:
         # the dialing side learns that at once (connection refused on every
@@ -257,7 +257,7 @@ class DataPath:
                         peer=peer.rank, op_seq=m.op.seq)
                 return m
             u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
-            peer.unexpected.setdefault(hdr.msg, __import__("collections").deque()).append(u)
+            peer.unexpected.setdefault(hdr.msg, collections.deque()).append(u)
             return u
         if not peer.coll_recvs or peer.coll_recvs[0].msg > hdr.msg:
             if hdr.msg <= self.coll_started:
@@ -344,10 +344,6 @@ class DataPath:
                         return
                     lo, hi = address_range(view)
                 peer.send.materialize(lo, hi)
-
-    def protect_buffer(self, view: memoryview) -> None:
-        with self.lock:
-            self._protect_range(view)
 
 
 def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:

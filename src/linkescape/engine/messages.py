@@ -18,7 +18,7 @@ class Op:
     """One collective or point-to-point operation in the engine."""
 
     __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
-                 "views", "settle_until", "peers", "callbacks", "started", "collective", "need_ack",
+                 "views", "settle_until", "peers", "callbacks", "collective", "need_ack",
                  "last_seq")
 
     def __init__(self, seq: int, name: str, deadline: float, collective: bool = True,
@@ -43,7 +43,6 @@ class Op:
         self.settle_until: Optional[float] = None
         self.peers: set = set()
         self.callbacks: List[Callable[["Op"], None]] = []
-        self.started = False
 
     def protect(self, view: memoryview) -> None:
         self.views.append(view)

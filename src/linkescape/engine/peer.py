@@ -44,7 +44,6 @@ class Peer:
         self.ack_urgent = False
         self.no_path_since: Optional[float] = None
         self.closed_by_peer = False
-        self.eof_rails: set = set()
         #: when the last link ended with FIN/RST (a dead process, or a peer
         #: that dropped links it believed dead and will re-dial)
         self.eof_since: Optional[float] = None
@@ -57,8 +56,3 @@ class Peer:
     def live_links(self) -> List[Link]:
         return [l for l in self.links if l is not None and l.status.state is State.UP]
 
-    def has_recv_work(self) -> bool:
-        return bool(self.coll_recvs) or any(self.p2p_recvs.values()) or self.cur_in is not None
-
-    def has_send_work(self) -> bool:
-        return bool(self.sendq) or bool(self.send.unacked)

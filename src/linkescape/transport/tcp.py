@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import select
 import socket
 import time
 from typing import Optional, Tuple
@@ -138,11 +137,6 @@ def route_source(host: str) -> str:
         return probe.getsockname()[0]
     finally:
         probe.close()
-
-
-def wait_readable(fd: int, timeout: float) -> bool:
-    r, _, _ = select.select([fd], [], [], max(0.0, timeout))
-    return bool(r)
 
 
 __all__ = ["tune", "ack_silence", "listen", "connect", "read_hello", "route_source", "HandshakeError"]
