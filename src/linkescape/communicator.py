@@ -440,6 +440,21 @@ class Communicator:
             eng.lock.release()
         return [{"rail": r, "sent": s, "received": rcv} for r, (s, rcv) in enumerate(totals)]
 
+    def snapshot(self) -> dict:
+        """This rank's links and channels as plain data: per peer the primary
+        and active rails, the channel counters (``sent``: frames numbered,
+        ``acked``: acknowledged by the peer, ``received``: applied from it),
+        and per rail the link state and bytes moved. Consistent (taken under
+        the engine lock); cheap enough to call every second."""
+        eng = self._engine
+        eng._acquire()
+        try:
+            snap = eng.snapshot()
+        finally:
+            eng.lock.release()
+        snap["rail_names"] = list(self.rails)
+        return snap
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Deliver what is still unacknowledged, say goodbye to every peer, close."""

@@ -119,6 +119,40 @@ class Engine(DataPath, Loop):
                     received[link.rail] += link.bytes_received
         return list(zip(sent, received))
 
+    def snapshot(self) -> dict:
+        """A copy of this rank's link and channel state (metrics, status, flight recorder)."""
+        now = time.monotonic()
+        peers = {}
+        for rank, peer in self.peers.items():
+            links = []
+            for rail, st in enumerate(peer.status):
+                sent, received = peer.rail_bytes(rail)
+                links.append({
+                    "rail": rail,
+                    "state": st.state.value,
+                    "usable": st.state.value == "up" and peer.links[rail] is not None,
+                    "active": rail in peer.active,
+                    "bytes_sent": sent,
+                    "bytes_received": received,
+                    "failures": st.failures,
+                    "down_cause": _CAUSE.get(st.down_cause),
+                    "since_s": now - st.since if st.since else None,
+                })
+            peers[rank] = {
+                "peer": rank,
+                "primary": peer.active[0] if peer.active else None,
+                "active": list(peer.active),
+                "sent": peer.send.last_seq,
+                "acked": peer.send.acked,
+                "received": peer.recv.cumulative_ack,
+                "unacked_bytes": peer.send.inflight_bytes,
+                "no_path_s": None if peer.no_path_since is None else now - peer.no_path_since,
+                "lost": None if peer.lost is None else f"{type(peer.lost).__name__}: {peer.lost}",
+                "links": links,
+            }
+        return {"rank": self.rank, "world_size": self.world_size, "rails": self.nrails,
+                "ops_pending": len(self.ops), "peers": peers}
+
     def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
         """Watch another descriptor (carrier monitor, listener) from both loops."""
         with self.lock:
@@ -151,6 +185,8 @@ class Engine(DataPath, Loop):
             peer.links[link.rail] = None
             self._closed_sent[link.rail] += link.bytes_sent
             self._closed_received[link.rail] += link.bytes_received
+            peer.closed_sent[link.rail] += link.bytes_sent
+            peer.closed_received[link.rail] += link.bytes_received
         if close:
             link.close()
         else:

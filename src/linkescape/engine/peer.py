@@ -52,6 +52,18 @@ class Peer:
         self.lost: Optional[BaseException] = None
         #: when each rail's NIC on the peer's side lost carrier (peer told us)
         self.peer_carrier_down: Dict[int, bool] = {}
+        #: bytes moved by this peer's links that are closed now, per rail
+        self.closed_sent: List[int] = [0] * nrails
+        self.closed_received: List[int] = [0] * nrails
+
+    def rail_bytes(self, rail: int) -> tuple:
+        """(sent, received) on ``rail`` over every link ever opened to this peer."""
+        link = self.links[rail]
+        sent, received = self.closed_sent[rail], self.closed_received[rail]
+        if link is not None:
+            sent += link.bytes_sent
+            received += link.bytes_received
+        return sent, received
 
     def live_links(self) -> List[Link]:
         return [l for l in self.links if l is not None and l.status.state is State.UP]
