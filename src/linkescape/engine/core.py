@@ -1,57 +1,51 @@
-"""The progress engine: turns posted messages into frames on links, and frames
-from links into bytes in the caller's memory. This module holds its state,
-links and operations; ``datapath`` moves frames, ``loop`` drives progress.
+"""The progress engine: a small loop over peers, descriptors and timers.
 
-Threading: every socket is non-blocking and every state change happens under
-``self.lock``. A caller that waits for an operation drives progress itself
-(lowest latency); when nobody waits, a background thread does (async
-operations, heartbeats, acks, failure detection).
+- Each peer (``PeerChannel``) owns its links and data path; the engine polls
+  their sockets and hands each event to the peer that owns the link.
+- Operations in flight live in an ``OpTable``; verdicts on peers without a
+  path in ``Liveness``; who drives progress (a waiting caller or the
+  background thread) in the ``Driver``.
+- Every socket is non-blocking and every state change happens under
+  ``self.lock``.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import os
 import select
-import threading
 import time
 from typing import Callable, Dict, List, Optional
 
 from ..config import Config
-from ..errors import (CommClosed, PeerLost)
-from ..protocol.frames import P2P_FLAG
+from ..errors import CommClosed
+from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, PathPolicy
+from .completion import OpTable
+from .driver import Driver
+from .io import IoSet
 from .link import Link
+from .liveness import Liveness
 from .messages import Op
-from .datapath import DataPath
-from .loop import Loop
-from .peer import Peer
+from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
 
-POLLIN = select.POLLIN
-POLLOUT = select.POLLOUT
-POLLERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
-_CAUSE = {Ev.CARRIER_DOWN: "carrier", Ev.PEER_CARRIER_DOWN: "peer_carrier", Ev.SOCKET_ERROR: "socket_error",
-          Ev.TIMEOUT: "timeout"}
 
-
-class Engine(DataPath, Loop):
+class Engine:
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.nrails = nrails
         self.config = config
         self.events = events
-        self.peers: Dict[int, Peer] = {p: Peer(p, nrails) for p in range(world_size) if p != rank}
+        self.io = IoSet()
+        self.driver = Driver(self)
+        self.lock = self.driver.lock
         self.policy = PathPolicy(primary=0, holddown=config.failback_holddown, stripe=config.policy == "stripe")
-        self.lock = threading.RLock()
-        self.poller = select.poll()
-        self.by_fd: Dict[int, Link] = {}
-        self.masks: Dict[int, int] = {}
-        self.extra_fds: Dict[int, Callable[[int], None]] = {}
-        self.ops: List[Op] = []
+        self.peers: Dict[int, PeerChannel] = {p: PeerChannel(self, p, nrails)
+                                              for p in range(world_size) if p != rank}
+        self.ops = OpTable(self)
+        self.liveness = Liveness(self)
         #: sequence number of the last collective started here
         self.coll_started = 0
         self.fatal: Optional[BaseException] = None
@@ -59,226 +53,111 @@ class Engine(DataPath, Loop):
         self.scratch = memoryview(bytearray(1 << 16))
         #: links cut by an emulated fault: unused, closed when the rail returns
         self.severed: List[Link] = []
-        #: bytes moved by links that are closed now, per rail (for rail_totals)
-        self._closed_sent = [0] * nrails
-        self._closed_received = [0] * nrails
+        #: bytes a link may have queued before the sender stops carving frames
         self.watermark = 2 * config.chunk_bytes
-        self.settle = 0.002
-        #: seconds to busy-poll before blocking (0: never)
-        self.spin = 0.0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self.poller.register(self._wake_r, POLLIN)
-        # The background thread waits on its own poll object while idle
-        # (CPython forbids two threads in poll() on one object). It does not
-        # watch the links: a caller driving an operation must not have a
-        # second thread woken by every frame; idle input waits for the next
-        # timer tick, and async operations switch the thread to busy polling.
-        self.idle_poller = select.poll()
-        self.idle_poller.register(self._wake_r, POLLIN)
-        self._drivers = 0
-        self._drivers_cv = threading.Condition(threading.Lock())
-        self._thread: Optional[threading.Thread] = None
-        self._next_timer = 0.0
+        self.next_timer = 0.0
         self._last_timers = time.monotonic()
-        #: work other threads hand to whoever drives progress (never block them on the lock)
-        self._soon: "collections.deque" = collections.deque()
-        self._waiters = 0
-        #: peer -> True (it lost every rail itself: a link failure), False
-        #: (it did not: it is gone), absent (not known yet); set by Recovery
-        self.isolated: Dict[int, bool] = {}
-        #: asks Recovery to find out whether a silent peer is isolated
-        self.on_suspect: Optional[Callable[[int], None]] = None
         #: called when a down link should be re-dialed now (set by Recovery)
         self.on_redial: Optional[Callable[[], None]] = None
         #: hooks for the failover layer (reconnects, carrier) run on every timer tick
         self.tickers: List[Callable[[float], None]] = []
 
-    # ------------------------------------------------------------ links
+    # ------------------------------------------------------------ driving (see Driver)
+    def _acquire(self) -> None:
+        self.driver.acquire()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self.driver.call_soon(fn)
+
+    def start(self, op: Op) -> None:
+        self.driver.start(op)
+
+    def run(self, op: Op, posted=None) -> None:
+        self.driver.run(op, posted)
+
+    def wait(self, op: Op, timeout: Optional[float] = None) -> bool:
+        return self.driver.wait(op, timeout)
+
+    def start_background(self) -> None:
+        self.driver.start_background()
+
+    def wake(self) -> None:
+        self.io.wake()
+
+    @property
+    def spin(self) -> float:
+        return self.driver.spin
+
+    @spin.setter
+    def spin(self, value: float) -> None:
+        self.driver.spin = value
+
+    @property
+    def isolated(self) -> Dict[int, bool]:
+        return self.liveness.isolated
+
+    @property
+    def on_suspect(self):
+        return self.liveness.on_suspect
+
+    @on_suspect.setter
+    def on_suspect(self, fn) -> None:
+        self.liveness.on_suspect = fn
+
+    # ------------------------------------------------------------ links and descriptors
     def add_link(self, link: Link) -> None:
+        """A link opened at start-up."""
         with self.lock:
-            peer = self.peers[link.peer]
-            old = peer.links[link.rail]
-            if old is not None:
-                self._drop_link(old)
-            peer.links[link.rail] = link
-            self.by_fd[link.fd] = link
-            self.masks[link.fd] = POLLIN
-            self.poller.register(link.fd, POLLIN)
-            self._reroute(peer, time.monotonic())
+            self.peers[link.peer].attach(link, time.monotonic())
         self.wake()
+
+    def adopt_link(self, link: Link, peer_expected: int) -> None:
+        self.peers[link.peer].adopt(link, peer_expected)
+
+    def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
+        self.peers[link.peer].link_down(link, ev, detail=detail, close=close)
+
+    def notify_peers(self, kind: int, rail: int) -> None:
+        """Tell every peer, over any surviving link, about our NIC on ``rail``."""
+        for peer in self.peers.values():
+            peer.notify(kind, rail)
+
+    def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
+        self.liveness.probe_failed(self.peers[peer_rank], rail, refused)
+
+    def redial(self) -> None:
+        if self.on_redial is not None:
+            self.on_redial()
+
+    def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
+        """Watch another descriptor (carrier monitor) from both loops."""
+        with self.lock:
+            self.io.add_fd(fd, handler)
+        self.wake()
+
+    def remove_fd(self, fd: int) -> None:
+        with self.lock:
+            self.io.remove_fd(fd)
 
     def rail_totals(self) -> List[tuple]:
         """(sent, received) bytes per rail, over every link ever opened on it."""
-        sent, received = list(self._closed_sent), list(self._closed_received)
+        sent, received = [0] * self.nrails, [0] * self.nrails
         for peer in self.peers.values():
-            for link in peer.links:
-                if link is not None:
-                    sent[link.rail] += link.bytes_sent
-                    received[link.rail] += link.bytes_received
+            for rail in range(self.nrails):
+                s, r = peer.rail_bytes(rail)
+                sent[rail] += s
+                received[rail] += r
         return list(zip(sent, received))
 
     def snapshot(self) -> dict:
         """A copy of this rank's link and channel state (metrics, status, flight recorder)."""
         now = time.monotonic()
-        peers = {}
-        for rank, peer in self.peers.items():
-            links = []
-            for rail, st in enumerate(peer.status):
-                sent, received = peer.rail_bytes(rail)
-                links.append({
-                    "rail": rail,
-                    "state": st.state.value,
-                    "usable": st.state.value == "up" and peer.links[rail] is not None,
-                    "active": rail in peer.active,
-                    "bytes_sent": sent,
-                    "bytes_received": received,
-                    "failures": st.failures,
-                    "down_cause": _CAUSE.get(st.down_cause),
-                    "since_s": now - st.since if st.since else None,
-                })
-            peers[rank] = {
-                "peer": rank,
-                "primary": peer.active[0] if peer.active else None,
-                "active": list(peer.active),
-                "sent": peer.send.last_seq,
-                "acked": peer.send.acked,
-                "received": peer.recv.cumulative_ack,
-                "unacked_bytes": peer.send.inflight_bytes,
-                "no_path_s": None if peer.no_path_since is None else now - peer.no_path_since,
-                "lost": None if peer.lost is None else f"{type(peer.lost).__name__}: {peer.lost}",
-                "links": links,
-            }
         return {"rank": self.rank, "world_size": self.world_size, "rails": self.nrails,
-                "ops_pending": len(self.ops), "peers": peers}
+                "ops_pending": len(self.ops),
+                "peers": {rank: peer.snapshot(now) for rank, peer in self.peers.items()}}
 
-    def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
-        """Watch another descriptor (carrier monitor, listener) from both loops."""
-        with self.lock:
-            self.extra_fds[fd] = handler
-            self.poller.register(fd, POLLIN)
-            self.idle_poller.register(fd, POLLIN)
-        self.wake()
-
-    def remove_fd(self, fd: int) -> None:
-        with self.lock:
-            self.extra_fds.pop(fd, None)
-            for poller in (self.poller, self.idle_poller):
-                try:
-                    poller.unregister(fd)
-                except (KeyError, ValueError, OSError):
-                    pass
-
-    def _drop_link(self, link: Link, close: bool = True) -> None:
-        log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd)
-        if self.by_fd.get(link.fd) is link:
-            for poller in (self.poller, self.idle_poller):
-                try:
-                    poller.unregister(link.fd)
-                except (KeyError, ValueError, OSError):
-                    pass
-            del self.by_fd[link.fd]
-            self.masks.pop(link.fd, None)
-        peer = self.peers[link.peer]
-        if peer.links[link.rail] is link:
-            peer.links[link.rail] = None
-            self._closed_sent[link.rail] += link.bytes_sent
-            self._closed_received[link.rail] += link.bytes_received
-            peer.closed_sent[link.rail] += link.bytes_sent
-            peer.closed_received[link.rail] += link.bytes_received
-        if close:
-            link.close()
-        else:
-            self.severed.append(link)  # an emulated cut: silent, as a real one
-
-    def adopt_link(self, link: Link, peer_expected: int) -> None:
-        """A re-opened link (either side dialed): put it in service."""
-        peer = self.peers[link.peer]
-        now = time.monotonic()
-        old = peer.links[link.rail]
-        if old is not None:
-            # the peer re-dialed, so it considers the old connection dead
-            self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
-        cause = link.status.down_cause
-        link.status.apply(Ev.CONNECTED, now)
-        peer.links[link.rail] = link
-        self.by_fd[link.fd] = link
-        self.masks[link.fd] = POLLIN
-        self.poller.register(link.fd, POLLIN)
-        peer.eof_since = None
-        self.isolated.pop(peer.rank, None)
-        peer.refused.discard(link.rail)
-        if peer.send.acked < peer_expected - 1 <= peer.send.last_seq:
-            peer.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
-        self._emit("link_up", peer.rank, link.rail, _CAUSE.get(cause), epoch=link.epoch)
-        self._reroute(peer, now, cause=_CAUSE.get(cause))
-        self._pump(peer)
-
-    def notify_peers(self, kind: int, rail: int) -> None:
-        """Tell every peer, over any surviving link, about our NIC on ``rail``."""
-        for peer in self.peers.values():
-            self.notify(peer, kind, rail)
-
-    def notify(self, peer: Peer, kind: int, rail: int) -> None:
-        """Tell ``peer`` about ``rail`` over another rail, if one is left."""
-        links = [l for l in peer.live_links() if l.rail != rail]
-        if not links:
-            return
-        link = next((l for l in links if l.rail in peer.active), links[0])
-        link.queue_control(kind, peer.recv.cumulative_ack, arg=rail)
-        self._flush(link)
-
-    def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
-        peer = self.peers[peer_rank]
-        if refused:
-            peer.refused.add(rail)
-        else:
-            peer.refused.discard(rail)
-        # Nobody listens on any rail while our NICs are fine: the process is gone.
-        if (peer.no_path_since is not None and peer.lost is None
-                and len(peer.refused) == self.nrails):
-            self._peer_lost(peer, f"rank {peer_rank} closed every link and refuses connections on every rail")
-
-    def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
-        """A link failed: drop it and move its traffic (lossless: replay).
-        ``close=False`` keeps the socket open but unused (an emulated cut must
-        not send a FIN that a real cut never delivers)."""
-        now = time.monotonic()
-        peer = self.peers[link.peer]
-        was_active = link.rail in peer.active
-        link.status.apply(ev, now, backoff_max=self.config.reconnect_max)
-        self._drop_link(link, close=close)
-        self._emit("link_down", peer.rank, link.rail, _CAUSE[ev], detail=detail)
-        peer.replay = True
-        # A link parked on a frame ahead may have waited for this one.
-        self._resume_parked(peer)
-        self._reroute(peer, now, cause=_CAUSE[ev], moved_from=link.rail if was_active else None)
-
-    def _reroute(self, peer: Peer, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
-        old = peer.active
-        new = self.policy.choose(peer.status, now)
-        peer.active = new
-        if not new:
-            if peer.no_path_since is None:
-                peer.no_path_since = now
-                self._emit("no_path", peer.rank, moved_from if moved_from is not None else -1, cause or "socket_error",
-                           since=time.time())
-            return
-        if peer.no_path_since is not None:
-            peer.no_path_since = None
-            peer.replay = True
-        if moved_from is not None:
-            peer.replay = True  # what was on the dead link is lost: resend all unacked
-        if old and new != old:
-            if moved_from is not None:
-                self._emit("failover", peer.rank, new[0], cause or "socket_error", from_rail=moved_from)
-            elif new[0] == self.policy.primary or (self.policy.stripe and len(new) > len(old)):
-                self._emit("failback", peer.rank, new[0], None, from_rail=old[0])
-        elif not old and moved_from is not None:
-            self._emit("failover", peer.rank, new[0], cause or "socket_error", from_rail=moved_from)
-
-    def _emit(self, event: str, peer: int, rail: int, cause: Optional[str], **extra) -> None:
+    # ------------------------------------------------------------ services for peers
+    def emit(self, event: str, peer: int, rail: int, cause: Optional[str], **extra) -> None:
         if self.events is not None:
             try:
                 self.events.emit(event, peer=peer, rail=rail, cause=cause, **extra)
@@ -287,13 +166,34 @@ class Engine(DataPath, Loop):
         else:
             log.info("%s peer=%s rail=%s cause=%s %s", event, peer, rail, cause, extra)
 
-    # ------------------------------------------------------------ posting
+    def discard(self, n: int) -> memoryview:
+        """A buffer for payload bytes nobody needs (duplicates)."""
+        if len(self.scratch) < n:
+            self.scratch = memoryview(bytearray(n))
+        return self.scratch[:n]
 
+    def protect_range(self, view: memoryview) -> None:
+        """Before caller memory is overwritten, turn zero-copy frames that
+        point into it into copies, so a replay sends the original bytes."""
+        from ..protocol.channel import address_range
 
+        lo = None
+        for peer in self.peers.values():
+            if peer.send.zc:
+                if lo is None:
+                    if not len(view):
+                        return
+                    lo, hi = address_range(view)
+                peer.send.materialize(lo, hi)
 
+    def set_fatal(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("communicator failed: %s", exc)
+        self.ops.fail_all(exc)
 
-
-    def _start_locked(self, op: Op) -> None:
+    # ------------------------------------------------------------ operations
+    def start_locked(self, op: Op) -> None:
         if self.fatal is not None:
             raise self.fatal
         if self.closed:
@@ -310,123 +210,127 @@ class Engine(DataPath, Loop):
                 raise peer.lost
             op.peers.add(m.peer)
         for m in op.sends:
-            peers[m.peer].sendq.append(m)
+            peers[m.peer].tx.post(m)
         for m in op.recvs:
-            peer = peers[m.peer]
-            if m.msg & P2P_FLAG:
-                self._post_p2p_recv(peer, m)
-            else:
-                peer.coll_recvs.append(m)
-        self.ops.append(op)
+            peers[m.peer].rx.post(m)
+        self.ops.add(op)
         if op.collective:
             self.coll_started = op.seq
         for p in op.peers:
-            self._resume_parked(peers[p])
+            peers[p].resume_parked()
         for p in op.peers:
-            self._pump(peers[p])
-        self._check_op(op, time.monotonic())
+            peers[p].tx.pump()
+        self.ops.check(op, time.monotonic())
 
+    def async_work(self) -> bool:
+        return bool(self.ops) or any(p.tx.busy for p in self.peers.values())
 
-
-    # ------------------------------------------------------------ receiving
-
-
-    def _peer_lost(self, peer: Peer, why: str, cause: str = "socket_error") -> None:
-        peer.lost = PeerLost(why, peer=peer.rank)
-        self._emit("peer_lost", peer.rank, -1, cause, detail=why)
-        # A collective cannot complete without one of its members: every
-        # operation fails now rather than waiting for its deadline.
-        self._set_fatal(peer.lost)
-
-    def _fail_ops_needing(self, peer: Peer, exc: BaseException) -> None:
-        """Fail the operations that still need something from ``peer``."""
-        rank = peer.rank
-        acked = peer.send.acked
-        for op in list(self.ops):
-            if op.done or rank not in op.peers:
+    # ------------------------------------------------------------ one round
+    def progress_once(self, timeout: float) -> None:
+        """One round: poll, read, write, timers. Caller holds the lock."""
+        io = self.io
+        events = io.poll(timeout)
+        if self.driver.pending_soon:
+            self.driver.run_soon()
+        links = io.links
+        for fd, ev in events:
+            link = links.get(fd)
+            if link is None:
+                if io.is_wake(fd):
+                    io.drain_wake()
+                elif fd in io.extra:
+                    io.extra[fd](ev)
                 continue
-            if (any(m.peer == rank and not m.done for m in op.recvs)
-                    or any(m.peer == rank and m.carved < m.nbytes for m in op.sends)
-                    or (op.need_ack and op.last_seq.get(rank, 0) > acked)):
-                self._fail_op(op, exc)
+            self.peers[link.peer].on_event(link, ev)
+        now = time.monotonic()
+        for peer in self.peers.values():
+            tx = peer.tx
+            if tx.queue or tx.replay:
+                tx.pump()
+            if tx.ack_urgent and peer.recv.ack_owed:
+                tx.send_ack()
+        if self.ops:
+            self.ops.check_all(now)
+        if now >= self.next_timer:
+            self.next_timer = now + min(0.01, self.config.heartbeat_interval / 2)
+            self._timers(now)
 
-    # ------------------------------------------------------------ completion
-    def _check_op(self, op: Op, now: float) -> None:
-        if op.done or not op.transferred:
-            return
-        if op.need_ack:
-            for p, seq in op.last_seq.items():
-                if self.peers[p].send.acked < seq:
-                    return
-            self._complete(op)
-            return
-        # Settle: the caller gets its memory back only when no zero-copy frame
-        # still points into it. Acks usually arrive within microseconds;
-        # after a short wait the rest is copied.
-        pending = False
-        for p, seq in op.last_seq.items():
-            schan = self.peers[p].send
-            if schan.acked < seq and schan.zc:
-                pending = True
-                break
-        if pending:
-            if op.settle_until is None:
-                op.settle_until = now + self.settle
-                return
-            if now < op.settle_until:
-                return
-            for lo, hi in op.ranges():
-                for p in op.last_seq:
-                    self.peers[p].send.materialize(lo, hi)
-        self._complete(op)
+    def _timers(self, now: float) -> None:
+        # If this rank was not running (descheduled, stopped, a long GIL hold),
+        # nothing was observed meanwhile: start watching afresh.
+        blind = now - self._last_timers > self.config.silent_timeout / 2
+        self._last_timers = now
+        for peer in self.peers.values():
+            peer.tick(now, blind)
+            if peer.no_path_since is not None:
+                self.liveness.check(peer, now)
+            else:
+                peer.failback(now)
+            if peer.recv.ack_owed:
+                peer.tx.send_ack()
+        for tick in self.tickers:
+            tick(now)
 
-    def _complete(self, op: Op) -> None:
-        op.done = True
+    # ------------------------------------------------------------ closing
+    def close(self, graceful: bool = True, drain: float = 10.0) -> None:
+        """Graceful: deliver everything still unacknowledged, say BYE on every
+        link, half-close and wait for the peer's EOF, so no RST can destroy
+        bytes the peer has not read yet."""
+        self._acquire()
         try:
-            self.ops.remove(op)
-        except ValueError:
-            pass
-        for cb in op.callbacks:
-            try:
-                cb(op)
-            except Exception:  # noqa: BLE001
-                log.exception("completion callback failed")
+            if self.closed:
+                return
+            if graceful and self.fatal is None:
+                self._drain(time.monotonic() + drain)
+                self._goodbye(time.monotonic() + 2.0)
+            self.closed = True
+            for peer in self.peers.values():
+                for link in peer.links:
+                    if link is not None:
+                        peer.drop(link)
+            for link in self.severed:
+                link.close()
+            self.ops.fail_all(CommClosed("communicator closed while the operation was running"))
+        finally:
+            self.lock.release()
+        self.driver.stop()
+        self.io.close()
 
-    def _fail_op(self, op: Op, exc: BaseException) -> None:
-        if op.done:
-            return
-        op.error = exc
-        # What this op had posted can never be matched now.
-        for m in op.sends:
-            q = self.peers[m.peer].sendq
-            if m in q:
-                q.remove(m)
-        for m in op.recvs:
-            peer = self.peers[m.peer]
-            if m in peer.coll_recvs:
-                peer.coll_recvs.remove(m)
-            for q in peer.p2p_recvs.values():
-                if m in q:
-                    q.remove(m)
-            if peer.cur_in is m:
-                peer.cur_in = None
-            # A frame half-read for this receive must not land in memory the
-            # caller gets back now.
+    def _drain(self, deadline: float) -> None:
+        def pending() -> bool:
+            return any((p.tx.queue or p.send.unacked) and p.lost is None and p.active for p in self.peers.values())
+        for peer in self.peers.values():
+            peer.tx.ack_urgent = True
+        while pending() and time.monotonic() < deadline:
+            self.progress_once(0.01)
+
+    def _goodbye(self, deadline: float) -> None:
+        import socket as _socket
+
+        links = []
+        for peer in self.peers.values():
             for link in peer.links:
-                if link is not None and link.binding is m:
-                    link.binding = None
-                    link.sink = self._discard(len(link.sink))
-        # ... nor may a replay later read memory the caller rewrites.
-        for lo, hi in op.ranges():
-            for p in op.last_seq:
-                self.peers[p].send.materialize(lo, hi)
-        self._complete(op)
-
-    def _set_fatal(self, exc: BaseException) -> None:
-        if self.fatal is None:
-            self.fatal = exc
-            log.error("communicator failed: %s", exc)
-        for op in list(self.ops):
-            self._fail_op(op, exc)
-
-    # ------------------------------------------------------------ driving
+                if link is not None:
+                    link.queue_control(Kind.BYE, peer.recv.cumulative_ack, arg=peer.send.last_seq)
+                    links.append(link)
+        for link in links:
+            try:
+                while not link.flush():
+                    if time.monotonic() > deadline:
+                        break
+                    select.select([], [link.fd], [], 0.01)
+                link.sock.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
+        # Read (and drop) until the peer's EOF, so closing sends a FIN, not a RST.
+        for link in links:
+            try:
+                link.sock.setblocking(False)
+                while time.monotonic() < deadline:
+                    r, _, _ = select.select([link.fd], [], [], max(0.0, deadline - time.monotonic()))
+                    if not r:
+                        break
+                    if not link.sock.recv(1 << 16):
+                        break
+            except OSError:
+                pass

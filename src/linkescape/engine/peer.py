@@ -1,47 +1,51 @@
-"""Everything the engine keeps about one peer: its channel, links and queues."""
+"""One connected peer, as Gloo's Pair: it owns its links (one per rail), the
+reliable channel of both directions, and its data path (``tx``: a Sender,
+``rx``: a Receiver). The engine drives it; algorithms never see it.
+
+Links of a peer are interchangeable: DATA frames are numbered per peer, so
+when a link goes down everything unacknowledged is replayed on another one
+(``link_down`` -> ``reroute``), and the receiver applies each frame once.
+"""
 
 from __future__ import annotations
 
-import collections
-from typing import Deque, Dict, List, Optional
+import logging
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional
 
+from ..errors import LinkEscapeError, PeerLost
 from ..protocol.channel import RecvChannel, SendChannel
-from ..protocol.linkstate import LinkStatus, State
-from .link import Link
-from .messages import InMessage, OutMessage
+from ..protocol.frames import Header, Kind
+from ..protocol.linkstate import Ev, LinkStatus, State
+from ..transport.tcp import ack_silence, tcp_info_summary
+from .io import POLLERR, POLLIN, POLLOUT
+from .link import Link, is_disconnect
+from .receiver import Receiver, Unexpected
+from .sender import Sender
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+log = logging.getLogger("linkescape.engine")
+
+CAUSE = {Ev.CARRIER_DOWN: "carrier", Ev.PEER_CARRIER_DOWN: "peer_carrier", Ev.SOCKET_ERROR: "socket_error",
+         Ev.TIMEOUT: "timeout"}
+
+__all__ = ["PeerChannel", "Unexpected", "CAUSE"]
 
 
-class Unexpected:
-    """A point-to-point message that arrived before its receive was posted."""
-
-    __slots__ = ("msg", "sig", "nbytes", "received", "buf", "done")
-
-    def __init__(self, msg: int, sig: int, nbytes: int) -> None:
-        self.msg = msg
-        self.sig = sig
-        self.nbytes = nbytes
-        self.received = 0
-        self.buf = memoryview(bytearray(nbytes))
-        self.done = False
-
-
-class Peer:
-    def __init__(self, rank: int, nrails: int) -> None:
+class PeerChannel:
+    def __init__(self, host: "Engine", rank: int, nrails: int) -> None:
+        self.host = host
         self.rank = rank
         self.send = SendChannel()
         self.recv = RecvChannel()
         self.links: List[Optional[Link]] = [None] * nrails
         self.status: List[LinkStatus] = [LinkStatus(rail=r) for r in range(nrails)]
-        self.sendq: Deque[OutMessage] = collections.deque()
-        self.coll_recvs: Deque[InMessage] = collections.deque()
-        self.p2p_recvs: Dict[int, Deque[InMessage]] = {}
-        self.unexpected: Dict[int, Deque[Unexpected]] = {}
-        #: the message whose frames are arriving now (frames of a message are contiguous)
-        self.cur_in = None
-        #: every unacknowledged frame must be queued again (after a failover)
-        self.replay = False
+        self.tx = Sender(self)
+        self.rx = Receiver(self)
+        #: rails that carry our traffic now, best first (empty: no path)
         self.active: List[int] = []
-        self.ack_urgent = False
         self.no_path_since: Optional[float] = None
         self.closed_by_peer = False
         #: when the last link ended with FIN/RST (a dead process, or a peer
@@ -56,6 +60,10 @@ class Peer:
         self.closed_sent: List[int] = [0] * nrails
         self.closed_received: List[int] = [0] * nrails
 
+    # ------------------------------------------------------------ views
+    def live_links(self) -> List[Link]:
+        return [l for l in self.links if l is not None and l.status.state is State.UP]
+
     def rail_bytes(self, rail: int) -> tuple:
         """(sent, received) on ``rail`` over every link ever opened to this peer."""
         link = self.links[rail]
@@ -65,6 +73,241 @@ class Peer:
             received += link.bytes_received
         return sent, received
 
-    def live_links(self) -> List[Link]:
-        return [l for l in self.links if l is not None and l.status.state is State.UP]
+    # ------------------------------------------------------------ links
+    def attach(self, link: Link, now: float) -> None:
+        """Put a link in service (start-up, or an emulated repair)."""
+        old = self.links[link.rail]
+        if old is not None:
+            self.drop(old)
+        self.links[link.rail] = link
+        self.host.io.add_link(link)
+        self.reroute(now)
 
+    def adopt(self, link: Link, peer_expected: int) -> None:
+        """A re-opened link (either side dialed): put it in service."""
+        now = time.monotonic()
+        old = self.links[link.rail]
+        if old is not None:
+            # the peer re-dialed, so it considers the old connection dead
+            self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
+        cause = link.status.down_cause
+        link.status.apply(Ev.CONNECTED, now)
+        self.links[link.rail] = link
+        self.host.io.add_link(link)
+        self.eof_since = None
+        self.host.isolated.pop(self.rank, None)
+        self.refused.discard(link.rail)
+        if self.send.acked < peer_expected - 1 <= self.send.last_seq:
+            self.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
+        self.host.emit("link_up", self.rank, link.rail, CAUSE.get(cause), epoch=link.epoch)
+        self.reroute(now, cause=CAUSE.get(cause))
+        self.tx.pump()
+
+    def drop(self, link: Link, close: bool = True) -> None:
+        log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd)
+        self.host.io.remove_link(link)
+        if self.links[link.rail] is link:
+            self.links[link.rail] = None
+            self.closed_sent[link.rail] += link.bytes_sent
+            self.closed_received[link.rail] += link.bytes_received
+        if close:
+            link.close()
+        else:
+            self.host.severed.append(link)  # an emulated cut: silent, as a real one
+
+    def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
+        """A link failed: drop it and move its traffic (lossless: replay).
+        ``close=False`` keeps the socket open but unused (an emulated cut must
+        not send a FIN that a real cut never delivers)."""
+        now = time.monotonic()
+        was_active = link.rail in self.active
+        link.status.apply(ev, now, backoff_max=self.host.config.reconnect_max)
+        self.drop(link, close=close)
+        self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
+        self.tx.replay = True
+        # A link parked on a frame ahead may have waited for this one.
+        self.resume_parked()
+        self.reroute(now, cause=CAUSE[ev], moved_from=link.rail if was_active else None)
+
+    def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
+        host = self.host
+        old = self.active
+        new = host.policy.choose(self.status, now)
+        self.active = new
+        if not new:
+            if self.no_path_since is None:
+                self.no_path_since = now
+                host.emit("no_path", self.rank, moved_from if moved_from is not None else -1,
+                          cause or "socket_error", since=time.time())
+            return
+        if self.no_path_since is not None:
+            self.no_path_since = None
+            self.tx.replay = True
+        if moved_from is not None:
+            self.tx.replay = True  # what was on the dead link is lost: resend all unacked
+        if old and new != old:
+            if moved_from is not None:
+                host.emit("failover", self.rank, new[0], cause or "socket_error", from_rail=moved_from)
+            elif new[0] == host.policy.primary or (host.policy.stripe and len(new) > len(old)):
+                host.emit("failback", self.rank, new[0], None, from_rail=old[0])
+        elif not old and moved_from is not None:
+            host.emit("failover", self.rank, new[0], cause or "socket_error", from_rail=moved_from)
+
+    def notify(self, kind: int, rail: int) -> None:
+        """Tell the peer about our NIC on ``rail`` over another rail, if one is left."""
+        links = [l for l in self.live_links() if l.rail != rail]
+        if not links:
+            return
+        link = next((l for l in links if l.rail in self.active), links[0])
+        self.tx.control(link, kind, arg=rail)
+
+    def resume_parked(self) -> None:
+        try:
+            self.rx.resume_parked()
+        except LinkEscapeError as exc:
+            self.host.set_fatal(exc)
+
+    # ------------------------------------------------------------ poll events
+    def on_event(self, link: Link, ev: int) -> None:
+        io = self.host.io
+        if link.parked and ev & POLLERR:
+            # A parked link is not read, so an error would go unseen.
+            import os
+            import socket as _socket
+
+            err = link.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+            self.on_disconnect(link, ConnectionResetError(
+                err, f"error on a parked link: poll {ev:#x}, {os.strerror(err) if err else 'no error'}"))
+            return
+        if ev & POLLIN or (ev & POLLERR and not ev & POLLOUT):
+            self.on_readable(link)
+            if io.links.get(link.fd) is not link:
+                return
+        if ev & POLLOUT:
+            self.tx.flush(link)
+        elif ev & POLLERR and io.links.get(link.fd) is link:
+            self.on_disconnect(link, ConnectionResetError("POLLERR/POLLHUP"))
+
+    def on_readable(self, link: Link) -> None:
+        try:
+            self.rx.on_readable(link)
+        except (BlockingIOError, InterruptedError):
+            return
+        except LinkEscapeError as exc:
+            self.host.set_fatal(exc)
+        except Exception as exc:  # OSError, LinkClosed
+            if is_disconnect(exc):
+                self.on_disconnect(link, exc)
+            else:
+                raise
+
+    def on_disconnect(self, link: Link, exc: BaseException) -> None:
+        if self.closed_by_peer:
+            self.drop(link)
+            return
+        self.link_down(link, Ev.SOCKET_ERROR, detail=f"{type(exc).__name__}: {exc}")
+        # Every link ended with FIN/RST. A dead process also lost its listener:
+        # the dialing side learns that at once (connection refused on every
+        # rail); the accepting side waits briefly for a re-dial, which a live
+        # peer that merely dropped a link it believed dead would make.
+        if not self.live_links() and self.lost is None and self.eof_since is None:
+            self.eof_since = time.monotonic()
+            if self.host.rank > self.rank:
+                for st in self.status:
+                    if st.state is State.DOWN:
+                        st.next_probe = time.monotonic()
+                self.host.redial()
+
+    def on_control(self, link: Link, hdr: Header) -> None:
+        host = self.host
+        if hdr.kind == Kind.BYE:
+            # The peer drained before saying BYE: whatever we still wait for
+            # from it will never come.
+            self.closed_by_peer = True
+            self.lost = PeerLost(f"rank {self.rank} closed its communicator", peer=self.rank)
+            host.ops.fail_needing(self, self.lost)
+        elif hdr.kind == Kind.NOTIFY_DOWN:
+            other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
+            self.peer_carrier_down[hdr.arg] = True
+            if other is not None:
+                self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
+        elif hdr.kind == Kind.NOTIFY_SILENT:
+            other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
+            if other is not None:
+                self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
+        elif hdr.kind == Kind.NOTIFY_UP:
+            self.peer_carrier_down[hdr.arg] = False
+            if hdr.arg < len(self.status) and self.status[hdr.arg].state is State.DOWN:
+                self.status[hdr.arg].next_probe = time.monotonic()
+                self.status[hdr.arg].backoff = 0.0
+                host.redial()
+
+    # ------------------------------------------------------------ timers
+    def tick(self, now: float, blind: bool) -> None:
+        """Silent-loss detection and heartbeats on every live link."""
+        hb = self.host.config.heartbeat_interval
+        for link in self.links:
+            if link is None or link.status.state is not State.UP:
+                continue
+            if self._silent(link, now, blind):
+                self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for "
+                                                        f"{now - link.pending_since:.3f}s "
+                                                        f"({tcp_info_summary(link.sock)})")
+                # the other end would find out only at its own next check
+                self.notify(Kind.NOTIFY_SILENT, link.rail)
+                continue
+            if now - link.last_sent >= hb and not link.out:
+                self.tx.control(link, Kind.HEARTBEAT)
+
+    def _silent(self, link: Link, now: float, blind: bool) -> bool:
+        """Silent loss: our bytes (data or a heartbeat) wait for the peer's
+        kernel to acknowledge them for longer than the silent timeout. Kernel
+        acks keep coming while the peer process is busy, so only the path can
+        trip this. Silence counts from when bytes were first seen waiting,
+        not from the last ack: after a pause the last ack is old although the
+        byte just went out."""
+        try:
+            silent = ack_silence(link.sock)
+        except OSError:
+            silent = None
+        if silent is None or blind:
+            link.pending_since = None if silent is None else now
+            return False
+        if link.pending_since is None:
+            link.pending_since = now
+        return min(silent, now - link.pending_since) > self.host.config.silent_timeout
+
+    def failback(self, now: float) -> None:
+        """Move traffic back to a better rail once it is eligible again."""
+        if self.active and self.host.policy.choose(self.status, now) != self.active:
+            self.reroute(now)
+            self.tx.pump()
+
+    # ------------------------------------------------------------ state for operators
+    def snapshot(self, now: float) -> dict:
+        links = []
+        for rail, st in enumerate(self.status):
+            sent, received = self.rail_bytes(rail)
+            links.append({
+                "rail": rail,
+                "state": st.state.value,
+                "usable": st.state is State.UP and self.links[rail] is not None,
+                "active": rail in self.active,
+                "bytes_sent": sent,
+                "bytes_received": received,
+                "failures": st.failures,
+                "down_cause": CAUSE.get(st.down_cause),
+                "since_s": now - st.since if st.since else None,
+            })
+        return {
+            "peer": self.rank,
+            "primary": self.active[0] if self.active else None,
+            "active": list(self.active),
+            "sent": self.send.last_seq,
+            "acked": self.send.acked,
+            "received": self.recv.cumulative_ack,
+            "unacked_bytes": self.send.inflight_bytes,
+            "no_path_s": None if self.no_path_since is None else now - self.no_path_since,
+            "lost": None if self.lost is None else f"{type(self.lost).__name__}: {self.lost}",
+            "links": links,
+        }

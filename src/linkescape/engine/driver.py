@@ -1,0 +1,204 @@
+"""Who drives progress. A caller that waits for an operation drives the engine
+itself (lowest latency); when nobody waits, a background thread does (async
+operations, heartbeats, acks, failure detection). Other threads never block
+on the engine lock for long: they hand work over (``call_soon``) or are let in
+between two rounds of the driver.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ..errors import LinkEscapeError
+from .messages import Op
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+log = logging.getLogger("linkescape.engine")
+
+
+class Driver:
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        #: every state change of the engine happens under this lock
+        self.lock = threading.RLock()
+        self._drivers = 0
+        self._cv = threading.Condition(threading.Lock())
+        self._waiters = 0
+        #: work other threads hand to whoever drives progress
+        self._soon: "collections.deque" = collections.deque()
+        self._thread: Optional[threading.Thread] = None
+        #: seconds to busy-poll before blocking (0: never)
+        self.spin = 0.0
+
+    # ------------------------------------------------------------ the lock
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            with self._cv:  # the count is shared between threads
+                self._waiters += 1
+            try:
+                self.engine.io.wake()  # whoever holds it may sit in poll(): make it let go
+                self.lock.acquire()
+            finally:
+                with self._cv:
+                    self._waiters -= 1
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` under the lock in the next progress round, from any
+        thread, without waiting for the lock (the driver may hold it for long)."""
+        self._soon.append(fn)
+        self.engine.io.wake()
+
+    def run_soon(self) -> None:
+        soon = self._soon
+        while soon:
+            fn = soon.popleft()
+            try:
+                fn()
+            except LinkEscapeError as exc:
+                self.engine.set_fatal(exc)
+
+    @property
+    def pending_soon(self) -> bool:
+        return bool(self._soon)
+
+    # ------------------------------------------------------------ operations
+    def start(self, op: Op) -> None:
+        """Hand an asynchronous op to the engine; the background thread
+        drives it until someone waits."""
+        self.acquire()
+        try:
+            self.engine.start_locked(op)
+        finally:
+            self.lock.release()
+        self.engine.io.wake()
+
+    def run(self, op: Op, posted=None) -> None:
+        """Start ``op`` and drive it to completion from the calling thread;
+        ``posted`` (a held lock) is released once the op is in the engine."""
+        with self._cv:
+            self._drivers += 1
+        try:
+            self.acquire()
+            try:
+                try:
+                    self.engine.start_locked(op)
+                finally:
+                    if posted is not None:
+                        posted.release()
+                self._drive_locked(op, None)
+            finally:
+                self.lock.release()
+        finally:
+            self._driver_done()
+
+    def wait(self, op: Op, timeout: Optional[float] = None) -> bool:
+        """Drive progress until ``op`` is done; False on timeout."""
+        if op.done:
+            return True
+        with self._cv:
+            self._drivers += 1
+        try:
+            self.acquire()
+            try:
+                return self._drive_locked(op, None if timeout is None else time.monotonic() + timeout)
+            finally:
+                self.lock.release()
+        finally:
+            self._driver_done()
+
+    def _drive_locked(self, op: Op, end: Optional[float]) -> bool:
+        eng = self.engine
+        while not op.done:
+            if self._waiters:
+                # Another thread wants the lock (to post, or to wait on its own
+                # op): let it in between two rounds, then make progress anyway.
+                self.lock.release()
+                time.sleep(0.0002)
+                self.lock.acquire()
+            now = time.monotonic()
+            left = 0.05 if end is None else min(0.05, end - now)
+            if left <= 0:
+                return False
+            if op.settle_until is not None:
+                left = min(left, max(0.0, op.settle_until - now))
+            left = min(left, max(0.0, eng.next_timer - now))
+            if self.spin:
+                # Poll without sleeping for a few microseconds first: a reply
+                # usually comes within a round trip, and waking up from a
+                # blocking poll costs more than that. Only when this rank has
+                # a core to itself (see Communicator).
+                spin_end = now + self.spin
+                while not op.done and time.monotonic() < spin_end:
+                    eng.progress_once(0.0)
+                if op.done:
+                    break
+            eng.progress_once(left)
+        return True
+
+    def _driver_done(self) -> None:
+        with self._cv:
+            self._drivers -= 1
+            if not self._drivers and self.engine.async_work():
+                self._cv.notify_all()  # hand async work back to the progress thread
+        if not self._drivers and self.engine.async_work():
+            self.engine.io.wake()
+
+    # ------------------------------------------------------------ background
+    def start_background(self) -> None:
+        self._thread = threading.Thread(target=self._background, name=f"linkescape-progress-{self.engine.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _background(self) -> None:
+        """Drive async operations while nobody waits; otherwise tick timers.
+
+        While a caller drives, this thread stays off the lock and off the
+        links, so frames wake exactly one thread."""
+        eng = self.engine
+        while not eng.closed:
+            if self._drivers:
+                # A caller drives (and runs the timers): stay out of its way.
+                with self._cv:
+                    if self._drivers and not eng.closed:
+                        self._cv.wait(0.1)
+                continue
+            if not eng.async_work():
+                for fd, _ in eng.io.idle_poll(max(0.0, eng.next_timer - time.monotonic())):
+                    if eng.io.is_wake(fd):
+                        eng.io.drain_wake()
+                if self._drivers or eng.closed:
+                    continue
+                if self.lock.acquire(blocking=False):
+                    try:
+                        if not eng.closed and not self._drivers:
+                            eng.progress_once(0.0)
+                    except Exception as exc:  # noqa: BLE001
+                        log.exception("progress failed")
+                        eng.set_fatal(exc)
+                    finally:
+                        self.lock.release()
+                continue
+            if not self.lock.acquire(timeout=0.05):
+                continue
+            try:
+                if not eng.closed and not self._drivers:
+                    eng.progress_once(min(0.01, max(0.0, eng.next_timer - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - never die silently: fail the ops instead
+                log.exception("progress failed")
+                eng.set_fatal(exc)
+            finally:
+                self.lock.release()
+
+    def stop(self) -> None:
+        """After the engine closed: wake and join the background thread."""
+        self.engine.io.wake()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)

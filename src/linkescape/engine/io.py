@@ -1,0 +1,101 @@
+"""The descriptors the engine waits on: links, a wake-up pipe, and others'
+(the carrier monitor). Two poll objects: the one a driving thread waits on
+(every link), and the background thread's idle one (no links: while a
+caller drives an operation, a frame must wake exactly one thread)."""
+
+from __future__ import annotations
+
+import os
+import select
+from typing import Callable, Dict, List, Tuple
+
+from .link import Link
+
+POLLIN = select.POLLIN
+POLLOUT = select.POLLOUT
+POLLERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+def _unregister(poller, fd: int) -> None:
+    try:
+        poller.unregister(fd)
+    except (KeyError, ValueError, OSError):
+        pass
+
+
+class IoSet:
+    def __init__(self) -> None:
+        self.poller = select.poll()
+        self.idle_poller = select.poll()
+        self.links: Dict[int, Link] = {}
+        self.masks: Dict[int, int] = {}
+        self.extra: Dict[int, Callable[[int], None]] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.poller.register(self._wake_r, POLLIN)
+        self.idle_poller.register(self._wake_r, POLLIN)
+
+    # ------------------------------------------------------------ links
+    def add_link(self, link: Link) -> None:
+        self.links[link.fd] = link
+        self.masks[link.fd] = POLLIN
+        self.poller.register(link.fd, POLLIN)
+
+    def remove_link(self, link: Link) -> None:
+        if self.links.get(link.fd) is link:
+            _unregister(self.poller, link.fd)
+            _unregister(self.idle_poller, link.fd)
+            del self.links[link.fd]
+            self.masks.pop(link.fd, None)
+
+    def want(self, link: Link, mask: int) -> None:
+        if self.masks.get(link.fd) != mask and self.links.get(link.fd) is link:
+            self.masks[link.fd] = mask
+            self.poller.modify(link.fd, mask)
+
+    # ------------------------------------------------------------ other descriptors
+    def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
+        self.extra[fd] = handler
+        self.poller.register(fd, POLLIN)
+        self.idle_poller.register(fd, POLLIN)
+
+    def remove_fd(self, fd: int) -> None:
+        self.extra.pop(fd, None)
+        _unregister(self.poller, fd)
+        _unregister(self.idle_poller, fd)
+
+    # ------------------------------------------------------------ waiting
+    def poll(self, timeout: float) -> List[Tuple[int, int]]:
+        try:
+            return self.poller.poll(max(0.0, timeout) * 1000.0)
+        except InterruptedError:
+            return []
+
+    def idle_poll(self, timeout: float) -> List[Tuple[int, int]]:
+        try:
+            return self.idle_poller.poll(max(0.0, timeout) * 1000.0)
+        except (InterruptedError, RuntimeError):
+            return []
+
+    def is_wake(self, fd: int) -> bool:
+        return fd == self._wake_r
+
+    def drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
