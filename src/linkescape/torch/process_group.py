@@ -5,16 +5,13 @@ Every method posts library operations with ``async_op=True`` and returns a
 :class:`~linkescape.torch.work.LinkEscapeWork` at once; the library's
 progress engine completes it, so DDP's gradient buckets overlap backward.
 
-Mapping onto the Communicator:
-
-* ``all_to_all_single`` without split sizes uses ``Communicator.all_to_all``;
-  with split sizes (even or not), and the list form ``all_to_all``, use
-  send/recv pairs under a tag reserved for the backend, so blocks may have
-  any size. Every rank must therefore pass split sizes, or none.
-* list-of-tensor forms (``all_gather``, ``gather``, ``scatter``,
-  ``reduce_scatter``) go through one contiguous host buffer of shape
-  ``(world_size, ...)``, copied from / to the caller's tensors.
-* ``all_reduce_coalesced`` flattens the tensors of each dtype into one buffer.
+Each method accepts every argument form of the C++ ``ProcessGroup`` binding
+(a list and an options object, a single tensor with keyword ``root``/``op``
+and ``timeout``, or no options; see :mod:`.args`), brings it to one form,
+and has the collective built as a :class:`~linkescape.torch.plan.Plan` by
+:mod:`.collectives`, :mod:`.exchange` or :mod:`.sparse`; :meth:`_start`
+posts the plan. The constructor returns once every link to every peer is
+up (a barrier over them), as Gloo's eager connect does.
 """
 
 from __future__ import annotations
@@ -25,24 +22,20 @@ import os
 import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..communicator import Communicator
 from ..config import Config
 from ..errors import CommClosed, LinkEscapeError, LinkFailure, PeerLost, UsageError
-from . import convert
-from .convert import Staged, stage, reduce_op, to_numpy
+from . import args, collectives, convert, exchange, sparse
+from .convert import reduce_op
+from .plan import Plan
 from .work import LinkEscapeBackendError, LinkEscapeWork, coalesced, stop_completer, wrap_error
 
 log = logging.getLogger("linkescape.torch")
 
 BACKEND_NAME = "linkescape"
-#: p2p tags at and above this are the backend's own (all_to_all exchanges);
-#: torch tags are 32-bit ints, so they never reach it
-A2A_TAG_BASE = 1 << 61
-_A2A_TAG_SPAN = 1 << 40
 _live: Dict[int, "ProcessGroupLinkEscape"] = {}
 _live_lock = threading.Lock()
 
@@ -50,8 +43,6 @@ _live_lock = threading.Lock()
 def get_communicator(group=None) -> Communicator:
     """The linkescape Communicator behind a process group (default: the
     world), e.g. for ``inject_fault`` or ``rail_bytes``."""
-    import torch.distributed as dist
-
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if isinstance(pg, ProcessGroupLinkEscape):
         return pg.communicator
@@ -66,30 +57,6 @@ def get_communicator(group=None) -> Communicator:
     if groups:
         return groups[0].communicator
     raise RuntimeError(f"{pg!r} is not a linkescape process group")
-
-
-def _writeback(staged: Sequence[Staged]) -> Optional[Callable[[], None]]:
-    todo = [s for s in staged if not convert.direct(s.tensor)]
-    if not todo:
-        return None
-
-    def run() -> None:
-        for s in todo:
-            s.write_back()
-    return run
-
-
-def _chain(*fns: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
-    fns = [f for f in fns if f is not None]
-    if not fns:
-        return None
-    if len(fns) == 1:
-        return fns[0]
-
-    def run() -> None:
-        for f in fns:
-            f()
-    return run
 
 
 def make_config(timeout_s: Optional[float], pg_options=None) -> Config:
@@ -151,10 +118,15 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         self.config = config if config is not None else make_config(self._timeout_s)
         self._pid = os.getpid()
         self._coalescing: Optional[List[LinkEscapeWork]] = None
-        self._a2a_seq = 0
+        self._tag_seq = 0
         self._closed = False
         try:
             self._comm = Communicator(store, self._le_rank, self._le_size, rails=rails, config=self.config)
+            # Gloo connects eagerly, so its constructor acts as a barrier and
+            # callers rely on that (an RPC to a rank still in
+            # init_process_group): return only once every rank is connected.
+            if self._le_size > 1:
+                self._comm.barrier()
         except UsageError:
             raise
         except LinkEscapeError as exc:
@@ -180,6 +152,9 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         return BACKEND_NAME
 
     def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
         return BACKEND_NAME
 
     def getGroupName(self) -> str:  # noqa: N802
@@ -213,6 +188,13 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         tensor allocation): this group is its own backend for every device."""
         return _BackendInfo()
 
+    def set_timeout(self, timeout) -> None:
+        """The default timeout of later operations."""
+        secs = convert.seconds(timeout)
+        if secs is not None:
+            self._timeout_s = secs
+            self._comm.config = self._comm.config.replace(timeout=secs)
+
     def __repr__(self) -> str:
         return (f"ProcessGroupLinkEscape(rank={self._le_rank}, size={self._le_size}, group={self._group_name!r}, "
                 f"rails={self._comm.rails})")
@@ -225,22 +207,24 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
                 f"fork(); it cannot be used in the child {os.getpid()} (create process groups after fork)",
                 CommClosed("process group inherited through fork"), rank=self._le_rank, group=self._group_name)
 
-    def _post(self, name: str, issue: Callable[[], list], outputs: List[torch.Tensor],
-              finish: Optional[Callable[[], None]] = None, keep=None, source_rank: int = -1,
-              collective: bool = True) -> LinkEscapeWork:
+    def _start(self, name: str, build: Callable[[], Plan], collective: bool = True, source=-1) -> LinkEscapeWork:
+        """Build the plan, post its library operations, return the work."""
         self._check()
         if collective and self._lost:
             exc = next(iter(self._lost.values()))
             raise wrap_error(exc, name, self._le_rank, self._group_name, self._global_ranks) from exc
         try:
-            parts = issue()
+            plan = build()
+            parts = plan.start()
         except UsageError:
             raise
         except LinkEscapeError as exc:
             self._note_failure(exc)
             raise wrap_error(exc, name, self._le_rank, self._group_name, self._global_ranks) from exc
-        work = LinkEscapeWork(name, parts, outputs, finish, rank=self._le_rank, group=self._group_name,
-                              global_ranks=self._global_ranks, keep=keep, source_rank=source_rank)
+        if callable(source):
+            source = source(parts)
+        work = LinkEscapeWork(name, parts, plan.outputs, plan.finish(), rank=self._le_rank, group=self._group_name,
+                              global_ranks=self._global_ranks, keep=plan.keep, source_rank=source)
         if collective and self._le_size > 1:
             self._track(work)
         else:
@@ -248,6 +232,12 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
+
+    def _reserved_tag(self) -> int:
+        """A p2p tag of the backend's own, the same on every rank for the
+        same call (calls are made in the same order on every rank)."""
+        self._tag_seq += 1
+        return exchange.RESERVED_TAG_BASE + self._tag_seq % exchange.TAG_SPAN
 
     # ---- failure propagation
     # The library fails an operation when a peer it exchanges data with is
@@ -295,302 +285,211 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             return dict(self._lost)
 
     def _root(self, root: int) -> int:
-        root = int(root)
         if not 0 <= root < self._le_size:
             raise UsageError(f"root {root} is not a rank of this group of {self._le_size}")
         return root
 
-    def _exchange(self, send: List[np.ndarray], recv: List[np.ndarray], what: str) -> list:
-        """Block i of ``send`` to rank i, block i of ``recv`` from rank i, by
-        send/recv pairs (blocks of any size; empty ones are skipped)."""
-        n, r, comm = self._le_size, self._le_rank, self._comm
-        for i in range(n):
-            peer_in = send[i].nbytes if i == r else None
-            if peer_in is not None and recv[i].nbytes != peer_in:
-                raise UsageError(f"{what}: rank {r} sends itself {send[i].shape} but expects {recv[i].shape}")
-        self._a2a_seq += 1
-        tag = A2A_TAG_BASE + self._a2a_seq % _A2A_TAG_SPAN
-        parts = []
-        for k in range(1, n):
-            dst, src = (r + k) % n, (r - k) % n
-            if recv[src].size:
-                parts.append(comm.recv(recv[src], src, tag, async_op=True))
-            if send[dst].size:
-                parts.append(comm.send(send[dst], dst, tag, async_op=True))
-        if recv[r].size:
-            recv[r][...] = send[r]
-        return parts
-
     # ------------------------------------------------------------ all_reduce
-    def allreduce(self, tensors, opts=None) -> LinkEscapeWork:
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        if opts is None:
-            red = dist.ReduceOp.SUM
-        elif isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
-            red = opts
-        else:
-            red = opts.reduceOp
-        op = reduce_op(red)
-        staged = [stage(t) for t in tensors]
-        comm = self._comm
-        return self._post("all_reduce", lambda: [comm.all_reduce(s.array, op, async_op=True) for s in staged],
-                          list(tensors), _writeback(staged), keep=staged)
+    def allreduce(self, tensors=None, opts=None, timeout=None, *, tensor=None, op=None) -> LinkEscapeWork:
+        """``allreduce(tensors, opts)``, ``allreduce(tensors|tensor, op=, timeout=)``."""
+        ts = args.tensor_list(tensors if tensors is not None else tensor, "all_reduce")
+        red = reduce_op(args.reduce_op_of(opts, op))
+        comm, rank, size = self._comm, self._le_rank, self._le_size
+        if sparse.is_sparse(ts):
+            return self._start("all_reduce", lambda: sparse.all_reduce(comm, rank, size, ts, red))
+        return self._start("all_reduce", lambda: collectives.all_reduce(comm, size, ts, red))
 
     def allreduce_coalesced(self, tensors, opts=None) -> LinkEscapeWork:
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        tensors = list(tensors)
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-        for t in tensors:
-            convert.check_dtype(t)
-            by_dtype.setdefault(t.dtype, []).append(t)
-        flats = []
-        for dtype, ts in by_dtype.items():
-            flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in ts]) if ts else torch.empty(0, dtype=dtype)
-            flats.append((flat, ts))
-        comm = self._comm
-
-        def issue():
-            return [comm.all_reduce(to_numpy(flat), op, async_op=True) for flat, _ in flats]
-
-        def finish():
-            with torch.no_grad():
-                for flat, ts in flats:
-                    off = 0
-                    for t in ts:
-                        k = t.numel()
-                        t.copy_(flat[off:off + k].view(t.shape))
-                        off += k
-            convert.sync_devices(tensors)
-        return self._post("all_reduce_coalesced", issue, tensors, finish, keep=flats)
+        ts = args.tensor_list(tensors, "all_reduce_coalesced")
+        red = reduce_op(args.reduce_op_of(opts))
+        return self._start("all_reduce_coalesced", lambda: collectives.all_reduce_coalesced(self._comm, ts, red))
 
     # ------------------------------------------------------------ rooted
-    def broadcast(self, tensors, opts=None) -> LinkEscapeWork:
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        root = self._root(opts.rootRank if opts is not None else 0)
-        is_root = self._le_rank == root
-        staged = [stage(t, load=is_root) for t in tensors]
-        comm = self._comm
-        return self._post("broadcast", lambda: [comm.broadcast(s.array, root, async_op=True) for s in staged],
-                          list(tensors), None if is_root else _writeback(staged), keep=staged)
+    def broadcast(self, tensors=None, opts=None, timeout=None, *, tensor=None, root=None) -> LinkEscapeWork:
+        """``broadcast(tensors, opts)``, ``broadcast(tensor, root, timeout=)``."""
+        ts = args.tensor_list(tensors if tensors is not None else tensor, "broadcast")
+        r = self._root(args.root_of(opts, root))
+        return self._start("broadcast", lambda: collectives.broadcast(self._comm, self._le_rank, ts, r))
 
-    def reduce(self, tensors, opts=None) -> LinkEscapeWork:
-        root = self._root(opts.rootRank if opts is not None else 0)
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        staged = [stage(t) for t in tensors]
-        comm = self._comm
-        return self._post("reduce", lambda: [comm.reduce(s.array, root, op, async_op=True) for s in staged],
-                          list(tensors), _writeback(staged) if self._le_rank == root else None, keep=staged)
+    def reduce(self, tensors=None, opts=None, op=None, timeout=None, *, tensor=None, root=None) -> LinkEscapeWork:
+        """``reduce(tensors, opts)``, ``reduce(tensor, root, op=, timeout=)``."""
+        ts = args.tensor_list(tensors if tensors is not None else tensor, "reduce")
+        r = self._root(args.root_of(opts, root))
+        red = reduce_op(args.reduce_op_of(None if isinstance(opts, int) else opts, op))
+        return self._start("reduce", lambda: collectives.reduce(self._comm, self._le_rank, ts, r, red))
 
-    def gather(self, output_tensors, input_tensors, opts=None) -> LinkEscapeWork:
-        root = self._root(opts.rootRank if opts is not None else 0)
-        n = self._le_size
-        if len(input_tensors) != 1:
-            raise UsageError("gather takes exactly one input tensor")
-        inp = input_tensors[0]
-        si = stage(inp)
-        host = arr = None
-        finish = None
-        outs: List[torch.Tensor] = []
-        if self._le_rank == root:
-            if len(output_tensors) != 1 or len(output_tensors[0]) != n:
-                raise UsageError(f"gather: the root needs a list of {n} output tensors")
-            outs = list(output_tensors[0])
-            convert.check_same(outs, inp.shape, inp.dtype, "gather")
-            host = torch.empty((n, *inp.shape), dtype=inp.dtype)
-            arr = to_numpy(host)
-            finish = convert.unstack_to(host, outs)
-        comm = self._comm
-        return self._post("gather", lambda: [comm.gather(arr, si.array, root, async_op=True)], outs, finish,
-                          keep=(si, host))
+    def gather(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, input_tensor=None,
+               root=None) -> LinkEscapeWork:
+        """``gather(output_lists, inputs, opts)``, ``gather(outputs, input_tensor, root, timeout=)``."""
+        if input_tensor is not None or isinstance(input_tensors, torch.Tensor):
+            inp = input_tensor if input_tensor is not None else input_tensors
+            outs = args.tensor_list(output_tensors or [], "gather")
+        else:
+            ins = args.tensor_list(input_tensors, "gather")
+            if len(ins) != 1:
+                raise UsageError("gather takes exactly one input tensor")
+            inp = ins[0]
+            lists = list(output_tensors or [])
+            if len(lists) > 1:
+                raise UsageError("gather takes one list of output tensors")
+            outs = args.tensor_list(lists[0], "gather") if lists else []
+        r = self._root(args.root_of(opts, root))
+        comm, rank, size = self._comm, self._le_rank, self._le_size
+        return self._start("gather", lambda: collectives.gather(comm, rank, size, outs, inp, r))
 
-    def scatter(self, output_tensors, input_tensors, opts=None) -> LinkEscapeWork:
-        root = self._root(opts.rootRank if opts is not None else 0)
-        n = self._le_size
-        if len(output_tensors) != 1:
-            raise UsageError("scatter takes exactly one output tensor")
-        out = output_tensors[0]
-        so = stage(out, load=False)
-        host = arr = None
-        if self._le_rank == root:
-            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
-                raise UsageError(f"scatter: the root needs a list of {n} input tensors")
-            convert.check_same(input_tensors[0], out.shape, out.dtype, "scatter")
-            host, arr = convert.stack_inputs(input_tensors[0], "scatter")
-        comm = self._comm
-        return self._post("scatter", lambda: [comm.scatter(so.array, arr, root, async_op=True)], [out],
-                          _writeback([so]), keep=(so, host))
+    def scatter(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, output_tensor=None,
+                root=None) -> LinkEscapeWork:
+        """``scatter(outputs, input_lists, opts)``, ``scatter(output_tensor, inputs, root, timeout=)``."""
+        if output_tensor is not None or isinstance(output_tensors, torch.Tensor):
+            out = output_tensor if output_tensor is not None else output_tensors
+            ins = args.tensor_list(input_tensors or [], "scatter")
+        else:
+            outs = args.tensor_list(output_tensors, "scatter")
+            if len(outs) != 1:
+                raise UsageError("scatter takes exactly one output tensor")
+            out = outs[0]
+            lists = list(input_tensors or [])
+            if len(lists) > 1:
+                raise UsageError("scatter takes one list of input tensors")
+            ins = args.tensor_list(lists[0], "scatter") if lists else []
+        r = self._root(args.root_of(opts, root))
+        comm, rank, size = self._comm, self._le_rank, self._le_size
+        return self._start("scatter", lambda: collectives.scatter(comm, rank, size, out, ins, r))
 
     # ------------------------------------------------------------ all_gather
-    def _all_gather_list(self, outs, inp, comm, what="all_gather"):
-        n = self._le_size
-        outs = list(outs)
-        if len(outs) != n:
-            raise UsageError(f"{what}: needs {n} output tensors, got {len(outs)}")
-        convert.check_same(outs, inp.shape, inp.dtype, f"{what} (tensors of different sizes are not supported)")
-        si = stage(inp)
-        host = torch.empty((n, *inp.shape), dtype=inp.dtype)
-        arr = to_numpy(host)
-        return (lambda: comm.all_gather(arr, si.array, async_op=True)), convert.unstack_to(host, outs), (si, host)
-
-    def allgather(self, output_tensors, input_tensors, opts=None) -> LinkEscapeWork:
-        comm = self._comm
-        plans = [self._all_gather_list(outs, inp, comm) for outs, inp in zip(output_tensors, input_tensors)]
-        outputs = [t for outs in output_tensors for t in outs]
-        return self._post("all_gather", lambda: [p[0]() for p in plans], outputs, _chain(*[p[1] for p in plans]),
-                          keep=plans)
+    def allgather(self, output_tensors, input_tensors=None, opts=None, *, input_tensor=None,
+                  timeout=None) -> LinkEscapeWork:
+        """``allgather(output_lists, inputs, opts)``, ``allgather(outputs, input_tensor, timeout=)``."""
+        if input_tensor is not None or isinstance(input_tensors, torch.Tensor):
+            ins = [input_tensor if input_tensor is not None else input_tensors]
+            lists = [args.tensor_list(output_tensors, "all_gather")]
+        else:
+            ins = args.tensor_list(input_tensors, "all_gather")
+            lists = [args.tensor_list(o, "all_gather") for o in output_tensors]
+        comm, size = self._comm, self._le_size
+        return self._start("all_gather", lambda: collectives.all_gather(comm, size, lists, ins))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> LinkEscapeWork:
-        comm = self._comm
-        plans = [self._all_gather_list(outs, inp, comm, "all_gather_coalesced")
-                 for outs, inp in zip(output_lists, input_list)]
-        outputs = [t for outs in output_lists for t in outs]
-        return self._post("all_gather_coalesced", lambda: [p[0]() for p in plans], outputs,
-                          _chain(*[p[1] for p in plans]), keep=plans)
+        lists = [args.tensor_list(o, "all_gather_coalesced") for o in output_lists]
+        ins = args.tensor_list(input_list, "all_gather_coalesced")
+        comm, size = self._comm, self._le_size
+        return self._start("all_gather_coalesced", lambda: collectives.all_gather_coalesced(comm, size, lists, ins))
 
-    def _all_gather_flat(self, output, inp, comm):
-        n = self._le_size
-        if output.numel() != n * inp.numel() or output.dtype != inp.dtype:
-            raise UsageError(f"all_gather_into_tensor: output must hold {n} x {inp.numel()} elements of {inp.dtype}, "
-                             f"not {output.numel()} of {output.dtype}")
-        si = stage(inp)
-        so = stage(output, load=False)
-        oarr = so.array.reshape((n, *si.array.shape))
-        return (lambda: comm.all_gather(oarr, si.array, async_op=True)), _writeback([so]), (si, so)
+    def _gather_tensors(self, name: str, outputs, inputs) -> LinkEscapeWork:
+        pairs = args.flat_pairs(args.tensor_list(outputs, name), args.tensor_list(inputs, name), name)
+        comm, size = self._comm, self._le_size
 
-    def all_gather_single(self, output, inp, opts=None) -> LinkEscapeWork:
-        call, finish, keep = self._all_gather_flat(output, inp, self._comm)
-        return self._post("all_gather_into_tensor", lambda: [call()], [output], finish, keep=keep)
+        def build() -> Plan:
+            plan = Plan([o for o, _ in pairs])
+            for o, i in pairs:
+                collectives.all_gather_into_tensor(comm, plan, size, o, i)
+            return plan
+        return self._start(name, build)
 
-    _allgather_base = all_gather_single
+    def all_gather_single(self, output, input, opts=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
+        return self._gather_tensors("all_gather_into_tensor", [output], [input])
+
+    def _allgather_base(self, output, input, opts=None) -> LinkEscapeWork:  # noqa: A002
+        return self.all_gather_single(output, input, opts)
+
     allgather_into_tensor = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> LinkEscapeWork:
-        comm = self._comm
-        plans = [self._all_gather_flat(o, i, comm) for o, i in zip(outputs, inputs)]
-        return self._post("all_gather_into_tensor_coalesced", lambda: [p[0]() for p in plans], list(outputs),
-                          _chain(*[p[1] for p in plans]), keep=plans)
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> LinkEscapeWork:
+        return self._gather_tensors("all_gather_into_tensor_coalesced", outputs, inputs)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     # ------------------------------------------------------------ reduce_scatter
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None) -> LinkEscapeWork:
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        n, comm = self._le_size, self._comm
-        plans = []
-        for out, ins in zip(output_tensors, input_tensors):
-            if len(ins) != n:
-                raise UsageError(f"reduce_scatter: needs {n} input tensors, got {len(ins)}")
-            convert.check_same(ins, out.shape, out.dtype, "reduce_scatter")
-            host, arr = convert.stack_inputs(ins, "reduce_scatter")
-            so = stage(out, load=False)
-            plans.append((so, arr, host))
-        return self._post("reduce_scatter",
-                          lambda: [comm.reduce_scatter(so.array, arr, op, async_op=True) for so, arr, _ in plans],
-                          list(output_tensors), _writeback([p[0] for p in plans]), keep=plans)
+    def reduce_scatter(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, output=None,
+                       input=None, op=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
+        """``reduce_scatter(outputs, input_lists, opts)``, ``reduce_scatter(output, inputs, op=, timeout=)``."""
+        out_arg = output_tensors if output_tensors is not None else output
+        in_arg = input_tensors if input_tensors is not None else input
+        red = reduce_op(args.reduce_op_of(opts, op))
+        if isinstance(out_arg, torch.Tensor):
+            pairs = [(out_arg, args.tensor_list(in_arg, "reduce_scatter"))]
+        else:
+            outs = args.tensor_list(out_arg, "reduce_scatter")
+            pairs = args.flat_pairs(outs, [args.tensor_list(i, "reduce_scatter") for i in in_arg], "reduce_scatter")
+        comm, rank, size = self._comm, self._le_rank, self._le_size
 
-    def _reduce_scatter_flat(self, output, inp, op, comm):
-        n = self._le_size
-        if inp.numel() != n * output.numel() or output.dtype != inp.dtype:
-            raise UsageError(f"reduce_scatter_tensor: input must hold {n} x {output.numel()} elements of "
-                             f"{output.dtype}, not {inp.numel()} of {inp.dtype}")
-        si = stage(inp)
-        so = stage(output, load=False)
-        iarr = si.array.reshape((n, *so.array.shape))
-        return (lambda: comm.reduce_scatter(so.array, iarr, op, async_op=True)), _writeback([so]), (si, so)
+        def build() -> Plan:
+            plans = [collectives.reduce_scatter(comm, rank, size, o, ins, red) for o, ins in pairs]
+            return plans[0] if len(plans) == 1 else _merge(plans)
+        return self._start("reduce_scatter", build)
 
-    def reduce_scatter_single(self, output, inp, opts=None) -> LinkEscapeWork:
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        call, finish, keep = self._reduce_scatter_flat(output, inp, op, self._comm)
-        return self._post("reduce_scatter_tensor", lambda: [call()], [output], finish, keep=keep)
+    def _scatter_tensors(self, name: str, outputs, inputs, opts) -> LinkEscapeWork:
+        pairs = args.flat_pairs(args.tensor_list(outputs, name), args.tensor_list(inputs, name), name)
+        red = reduce_op(args.reduce_op_of(opts))
+        comm, size = self._comm, self._le_size
 
-    _reduce_scatter_base = reduce_scatter_single
+        def build() -> Plan:
+            plan = Plan([o for o, _ in pairs])
+            for o, i in pairs:
+                collectives.reduce_scatter_tensor(comm, plan, size, o, i, red)
+            return plan
+        return self._start(name, build)
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> LinkEscapeWork:
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        comm = self._comm
-        plans = [self._reduce_scatter_flat(o, i, op, comm) for o, i in zip(outputs, inputs)]
-        return self._post("reduce_scatter_tensor_coalesced", lambda: [p[0]() for p in plans], list(outputs),
-                          _chain(*[p[1] for p in plans]), keep=plans)
+    def reduce_scatter_single(self, outputTensor, inputTensor, opts=None) -> LinkEscapeWork:  # noqa: N803
+        return self._scatter_tensors("reduce_scatter_tensor", [outputTensor], [inputTensor], opts)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    def _reduce_scatter_base(self, outputTensor, inputTensor, opts=None) -> LinkEscapeWork:  # noqa: N803
+        return self.reduce_scatter_single(outputTensor, inputTensor, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None) -> LinkEscapeWork:
+        return self._scatter_tensors("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ------------------------------------------------------------ all_to_all
-    def alltoall(self, output_tensors, input_tensors, opts=None) -> LinkEscapeWork:
-        n = self._le_size
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise UsageError(f"all_to_all: needs {n} input and {n} output tensors")
-        for o, i in zip(output_tensors, input_tensors):
-            if o.dtype != i.dtype:
-                raise UsageError(f"all_to_all: dtype {i.dtype} sent into {o.dtype}")
-        si = [stage(t) for t in input_tensors]
-        so = [stage(t, load=False) for t in output_tensors]
-        send = [s.array.reshape(-1) for s in si]
-        if any(np.shares_memory(a, b.array) for a in send for b in so):
-            send = [a.copy() for a in send]
-        recv = [s.array.reshape(-1) for s in so]
-        return self._post("all_to_all", lambda: self._exchange(send, recv, "all_to_all"), list(output_tensors),
-                          _writeback(so), keep=(si, so, send))
+    def alltoall(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, output=None,
+                 input=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
+        outs = args.tensor_list(output_tensors if output_tensors is not None else output, "all_to_all")
+        ins = args.tensor_list(input_tensors if input_tensors is not None else input, "all_to_all")
+        comm, rank, size, tag = self._comm, self._le_rank, self._le_size, self._reserved_tag()
+        return self._start("all_to_all", lambda: exchange.all_to_all(comm, rank, size, outs, ins, tag))
 
-    def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes, opts=None) -> LinkEscapeWork:
-        n, comm = self._le_size, self._comm
-        if output.dtype != inp.dtype:
-            raise UsageError(f"all_to_all_single: dtype {inp.dtype} sent into {output.dtype}")
-        out_splits = [int(s) for s in (output_split_sizes or [])]
-        in_splits = [int(s) for s in (input_split_sizes or [])]
-        si = stage(inp)
-        so = stage(output, load=False)
-        iarr, oarr = si.array, so.array
-        if np.shares_memory(iarr, oarr):
-            iarr = iarr.copy()
-        if not out_splits and not in_splits:
-            if inp.numel() != output.numel() or (inp.dim() and inp.shape[0] % n):
-                raise UsageError(f"all_to_all_single: without split sizes, input and output must have the same "
-                                 f"size and dim 0 divisible by {n}")
-            i2 = iarr.reshape((n, -1))
-            o2 = oarr.reshape((n, -1))
-            return self._post("all_to_all_single", lambda: [comm.all_to_all(o2, i2, async_op=True)], [output],
-                              _writeback([so]), keep=(si, so, iarr))
-        if inp.dim() == 0 or output.dim() == 0:
-            raise UsageError("all_to_all_single with split sizes needs tensors of at least one dimension")
-        if not in_splits:
-            if inp.shape[0] % n:
-                raise UsageError(f"all_to_all_single: input dim 0 = {inp.shape[0]} not divisible by {n}")
-            in_splits = [inp.shape[0] // n] * n
-        if not out_splits:
-            if output.shape[0] % n:
-                raise UsageError(f"all_to_all_single: output dim 0 = {output.shape[0]} not divisible by {n}")
-            out_splits = [output.shape[0] // n] * n
-        if len(in_splits) != n or len(out_splits) != n:
-            raise UsageError(f"all_to_all_single: split sizes need {n} entries")
-        send = convert.rows(iarr, in_splits, "all_to_all_single input")
-        recv = convert.rows(oarr, out_splits, "all_to_all_single output")
-        return self._post("all_to_all_single", lambda: self._exchange(send, recv, "all_to_all_single"), [output],
-                          _writeback([so]), keep=(si, so, iarr))
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None,
+                          timeout=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
+        out_splits = args.split_sizes(output_split_sizes, "all_to_all_single")
+        in_splits = args.split_sizes(input_split_sizes, "all_to_all_single")
+        comm, rank, size = self._comm, self._le_rank, self._le_size
+        tag = self._reserved_tag() if (out_splits or in_splits) else 0
+        return self._start("all_to_all_single", lambda: exchange.all_to_all_single(
+            comm, rank, size, output, input, out_splits, in_splits, tag))
 
     alltoall_base = all_to_all_single
 
     # ------------------------------------------------------------ barrier, p2p
-    def barrier(self, opts=None) -> LinkEscapeWork:
-        comm = self._comm
-        return self._post("barrier", lambda: [comm.barrier(async_op=True)], [])
+    def barrier(self, opts=None, timeout=None) -> LinkEscapeWork:
+        def build() -> Plan:
+            plan = Plan()
+            plan.issue(lambda: self._comm.barrier(async_op=True))
+            return plan
+        return self._start("barrier", build)
 
-    def send(self, tensors, dst: int, tag: int = 0) -> LinkEscapeWork:
-        staged = [stage(t) for t in tensors]
-        comm = self._comm
-        return self._post("send", lambda: [comm.send(s.array, int(dst), int(tag), async_op=True) for s in staged],
-                          list(tensors), keep=staged, collective=False)
+    def send(self, tensors, dstRank=None, tag: int = 0, *, dst=None) -> LinkEscapeWork:  # noqa: N803
+        ts = args.tensor_list(tensors, "send")
+        peer = int(dstRank if dstRank is not None else dst)
+        return self._start("send", lambda: exchange.send(self._comm, ts, peer, int(tag)), collective=False)
 
-    def recv(self, tensors, src: int, tag: int = 0) -> LinkEscapeWork:
-        staged = [stage(t, load=False) for t in tensors]
-        comm = self._comm
-        return self._post("recv", lambda: [comm.recv(s.array, int(src), int(tag), async_op=True) for s in staged],
-                          list(tensors), _writeback(staged), keep=staged, source_rank=int(src), collective=False)
+    def recv(self, tensors, srcRank=None, tag: int = 0, *, src=None) -> LinkEscapeWork:  # noqa: N803
+        ts = args.tensor_list(tensors, "recv")
+        peer = srcRank if srcRank is not None else src
+        if peer is None:
+            return self.recv_anysource(ts, tag)
+        peer = int(peer)
+        return self._start("recv", lambda: exchange.recv(self._comm, ts, peer, int(tag)), collective=False,
+                           source=peer)
 
     def recv_anysource(self, tensors, tag: int = 0) -> LinkEscapeWork:
-        raise UsageError("the linkescape backend does not support recv from any source (src=None); "
-                         "name the source rank")
+        """Receive from whichever rank's matching send comes first;
+        ``work._source_rank()`` names it once the work is complete."""
+        ts = args.tensor_list(tensors, "recv")
+        if len(ts) != 1:
+            raise UsageError("recv from any source takes exactly one tensor")
+        return self._start("recv_anysource", lambda: exchange.recv(self._comm, ts, None, int(tag)),
+                           collective=False, source=lambda parts: (lambda: getattr(parts[0], "source", -1)))
 
     # ------------------------------------------------------------ coalescing
     def start_coalescing(self, device=None) -> None:
@@ -634,6 +533,18 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             log.exception("closing %r failed", self)
 
 
+def _merge(plans: List[Plan]) -> Plan:
+    """Several plans as one operation."""
+    out = Plan([t for p in plans for t in p.outputs])
+    for p in plans:
+        out.issue(p.start)
+        fin = p.finish()
+        if fin is not None:
+            out.then(fin)
+        out.keep.append(p.keep)
+    return out
+
+
 # ---------------------------------------------------------------- exit
 _atexit_done = False
 _atexit_lock = threading.Lock()
@@ -669,4 +580,4 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["ProcessGroupLinkEscape", "BACKEND_NAME", "make_config", "close_all"]
+__all__ = ["ProcessGroupLinkEscape", "BACKEND_NAME", "make_config", "close_all", "get_communicator"]

@@ -207,7 +207,11 @@ class LinkEscapeWork(dist.Work):
         self._group = group
         self._global_ranks = global_ranks
         self._keep = keep  # staging buffers the library writes into / reads from
-        self._src_rank = source_rank
+        self._src_rank = source_rank  # an int, or a callable asked once complete (any-source recv)
+        # the finish step and the future's callbacks run under the caller's
+        # grad and inference modes, as at the call (Gloo restores the
+        # caller's thread-local state on its worker thread too)
+        self._modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         self._future = _new_future(self._outputs)
         self._lock = threading.Lock()
         self._final_lock = threading.RLock()
@@ -248,31 +252,36 @@ class LinkEscapeWork(dist.Work):
             if self._final_started:
                 return  # done, or in progress on this very thread (a callback)
             self._final_started = True
-            cause = self._cause
-            if cause is None and self._finish is not None:
-                try:
-                    self._finish()
-                except BaseException as exc:  # noqa: BLE001 - reported through the work
-                    cause = exc
-            if cause is not None:
-                self._cause = cause
-                self._error = wrap_error(cause, self._name, self._rank, self._group, self._global_ranks)
-            self._finish = None
-            listeners, self._listeners = self._listeners, []
-            for fn in listeners:
-                try:
-                    fn(self)
-                except Exception:  # noqa: BLE001
-                    log.exception("listener of %s failed", self._name)
+            grad, inference = self._modes
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                self._finalize_locked()
+
+    def _finalize_locked(self) -> None:
+        cause = self._cause
+        if cause is None and self._finish is not None:
             try:
-                if self._error is not None:
-                    self._future.set_exception(self._error)
-                else:
-                    self._future.set_result(self._outputs)
-            except Exception:  # noqa: BLE001 - a user callback on the future raised
-                log.exception("a callback on the future of %s failed", self._name)
-            self._done.set()
-            self._keep = None
+                self._finish()
+            except BaseException as exc:  # noqa: BLE001 - reported through the work
+                cause = exc
+        if cause is not None:
+            self._cause = cause
+            self._error = wrap_error(cause, self._name, self._rank, self._group, self._global_ranks)
+        self._finish = None
+        listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001
+                log.exception("listener of %s failed", self._name)
+        try:
+            if self._error is not None:
+                self._future.set_exception(self._error)
+            else:
+                self._future.set_result(self._outputs)
+        except Exception:  # noqa: BLE001 - a user callback on the future raised
+            log.exception("a callback on the future of %s failed", self._name)
+        self._done.set()
+        self._keep = None
 
     def _listen(self, fn) -> None:
         with self._final_lock:
@@ -356,10 +365,16 @@ class LinkEscapeWork(dist.Work):
         return None
 
     def source_rank(self) -> int:
-        return self._src_rank
+        src = self._src_rank
+        if callable(src):
+            if not self._done.is_set():
+                return -1
+            src = src()
+            src = int(src) if src is not None else -1
+        return src
 
     def _source_rank(self) -> int:  # torch has both spellings
-        return self._src_rank
+        return self.source_rank()
 
     def block_current_stream(self) -> None:
         self.wait()
