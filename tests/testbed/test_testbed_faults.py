@@ -146,3 +146,118 @@ def test_fault_arguments_are_checked(testbed):
         testbed.flap(0, 0, period=0.0, count=1)
     with pytest.raises(TestbedError):
         faults.flap(testbed, 0, 0, period=1.0)  # would never end
+
+
+# ------------------------------------------------------------------ lossy and repair
+_UDP_SINK = ("import socket,sys,time\n"
+             "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+             "s.setsockopt(socket.SOL_SOCKET,socket.SO_RCVBUF,1<<22)\n"
+             "s.bind((sys.argv[1],0)); print(s.getsockname()[1],flush=True)\n"
+             "s.settimeout(1.5); n=0\n"
+             "try:\n"
+             "    while True:\n"
+             "        d=s.recv(64)\n"
+             "        if d==b'end': break\n"
+             "        n+=1\n"
+             "except socket.timeout: pass\n"
+             "print(n,flush=True)\n")
+
+
+def _udp_delivered(tb, src, dst, rail, count=2000):
+    """Datagrams that host ``dst`` received of ``count`` that ``src`` sent to it on ``rail``."""
+    sink = tb.popen(dst, [sys.executable, "-c", _UDP_SINK, tb.host_addr(dst, rail)],
+                    stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(sink.stdout.readline())
+        send = (f"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                f"for i in range({count}):\n    s.sendto(b'x',('{tb.host_addr(dst, rail)}',{port}))\n"
+                f"    time.sleep(0.001) if i % 20 == 0 else None  # paced: no socket-buffer drops\n"
+                f"time.sleep(0.2)\n[s.sendto(b'end',('{tb.host_addr(dst, rail)}',{port})) for _ in range(30)]\n")
+        tb.exec(src, [sys.executable, "-c", send], check=True)
+        out, _ = sink.communicate(timeout=10)
+        return int(out.split()[-1])
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait()
+
+
+def test_lossy_drops_a_share_of_packets_and_keeps_carrier(testbed):
+    require_nft()
+    tb = testbed
+    assert _udp_delivered(tb, 1, 0, 0, count=500) >= 495  # clean before
+    ev = faults.lossy(tb, 0, 0, loss=20)
+    assert ev.fault == "lossy" and ev.extra["loss"] == 20.0
+    st = tb.link_state(0, 0)
+    assert st.carrier and st.usable and st.degraded and st.lossy == pytest.approx(20.0)
+    assert not st.blackholed and _carrier(tb, 0, "r0") == "1"
+    got = _udp_delivered(tb, 1, 0, 0)  # into the lossy NIC: its ingress drops ~20 %
+    assert 0.70 * 2000 < got < 0.90 * 2000, got
+    got = _udp_delivered(tb, 0, 1, 0)  # out of it: its egress drops ~20 %
+    assert 0.70 * 2000 < got < 0.90 * 2000, got
+    assert _udp_delivered(tb, 1, 0, 1, count=500) >= 495  # the other rail is clean
+    faults.lossy(tb, 0, 0, loss=1)  # applying it again changes the share
+    assert tb.link_state(0, 0).lossy == pytest.approx(1.0)
+    assert tcp_check(tb, 1, 0, 0, timeout=8)  # TCP gets through: a grey failure, not a dead link
+    tb.restore(0, 0)
+    assert tb.link_state(0, 0).lossy is None and not tb.link_state(0, 0).degraded
+    assert _udp_delivered(tb, 1, 0, 0, count=500) >= 495
+
+
+def test_lossy_ingress_only_fallback(testbed, monkeypatch):
+    require_nft()
+    monkeypatch.setenv(faults.BLACKHOLE_MODE_ENV, "ingress")
+    tb = testbed
+    assert _udp_delivered(tb, 1, 0, 1, count=200) >= 198  # clean before (and the neighbours resolved)
+    ev = faults.lossy(tb, 1, 1, loss=50)
+    assert ev.extra["hooks"] == "ingress-both-ends"
+    tables = subprocess.run(["nft", "list", "tables", "netdev"], capture_output=True, text=True).stdout
+    assert f"{tb.name}_loss_1_1" in tables
+    got = _udp_delivered(tb, 1, 0, 1)  # from the lossy host: dropped at the bridge-side ingress
+    assert 0.35 * 2000 < got < 0.65 * 2000, got
+    name = tb.name
+    tb.down()  # removes the root-namespace table too
+    tables = subprocess.run(["nft", "list", "tables", "netdev"], capture_output=True, text=True).stdout
+    assert f"{name}_loss_" not in tables
+
+
+def test_repair_undoes_one_kind_and_keeps_the_others(testbed):
+    require_nft()
+    tb = testbed
+    tb.cut(0, 1)
+    tb.blackhole(0, 1)
+    tb.lossy(0, 1, 10)
+    st = tb.link_state(0, 1)
+    assert st.cut and st.blackholed and st.lossy == pytest.approx(10.0)
+    ev = faults.repair(tb, 0, 1, "cut")
+    assert ev.fault == "repair" and ev.extra == {"kind": "cut"}
+    st = tb.link_state(0, 1)
+    assert not st.cut and st.carrier and st.blackholed and st.lossy is not None and not st.usable
+    assert not tcp_check(tb, 0, 1, 1, timeout=T)  # still blackholed
+    tb.repair(0, 1, "blackhole")
+    st = tb.link_state(0, 1)
+    assert st.usable and st.degraded
+    tb.repair(0, 1, "lossy")
+    tb.repair(0, 1, "lossy")  # idempotent
+    assert tb.link_state(0, 1).usable and not tb.link_state(0, 1).degraded
+    assert tcp_check(tb, 0, 1, 1)
+
+
+def test_flap_does_not_undo_another_fault_on_the_rail(testbed):
+    require_nft()
+    tb = testbed
+    tb.blackhole(0, 0)
+    tb.flap(0, 0, period=0.2, count=1, mode="cut")
+    st = tb.link_state(0, 0)
+    assert st.carrier and not st.cut and st.blackholed  # the flap ended up, the blackhole stays
+    tb.restore(0, 0)
+
+
+def test_lossy_arguments_are_checked(testbed):
+    require_nft()
+    for bad in (0, -1, 101, "x"):
+        with pytest.raises(TestbedError):
+            faults.lossy(testbed, 0, 0, loss=bad)
+    with pytest.raises(TestbedError):
+        faults.repair(testbed, 0, 0, "flap")
+    assert not testbed.link_state(0, 0).degraded

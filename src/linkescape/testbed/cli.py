@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import click
 
+from . import faults
 from .netns import DEFAULT_NAME, Testbed, TestbedError, down as _down, require_root, state_path
 
 
@@ -122,6 +123,8 @@ def status_cmd(as_json: bool, name: str) -> None:
         click.echo(f"  host {h['host']} ({h['netns']}{'' if h['present'] else ', MISSING'})")
         for nic in h["nics"]:
             flags = [w for w, on in (("CUT", nic["cut"]), ("BLACKHOLE", nic["blackholed"])) if on]
+            if nic.get("lossy") is not None:
+                flags.append(f"LOSSY {nic['lossy']:g}%")
             link = "up" if nic["admin_up"] and nic["carrier"] else ("no-carrier" if nic["admin_up"] else "down")
             click.echo(f"    {nic['nic']:<5} {nic['addr']:<15} {link:<10} {' '.join(flags)}")
 
@@ -173,7 +176,10 @@ def launch_cmd(hosts: Optional[int], nproc_per_node: int, master_port: int, torc
 # ======================================================================== fault
 @click.group("fault")
 def fault() -> None:
-    """Inject link faults into a testbed; each prints {"ts": ..., "fault": ...} per change."""
+    """Inject link faults into a testbed; each prints {"ts": ..., "fault": ...} per change.
+
+    cut, blackhole, lossy, flap; repair (one kind) and restore (all).
+    """
 
 
 def _fault_command(kind: str, doc: str) -> None:
@@ -183,15 +189,39 @@ def _fault_command(kind: str, doc: str) -> None:
     @_name
     @_errors
     def cmd(host: int, rail: Any, name: str) -> None:
-        from . import faults
-
         require_root("fault injection")
         _emit(getattr(faults, kind)(Testbed.attach(name), host, rail))
 
 
 _fault_command("cut", "Take the bridge-side veth down: the host's NIC loses carrier.")
 _fault_command("blackhole", "Drop all traffic in and out of the NIC (nftables); carrier stays up.")
-_fault_command("restore", "Undo cut and blackhole on the NIC (idempotent).")
+_fault_command("restore", "Undo every fault (cut, blackhole, lossy) on the NIC (idempotent).")
+
+
+@fault.command("lossy")
+@_host
+@_rail
+@click.option("--loss", type=click.FloatRange(0.01, 100.0), default=5.0, show_default=True,
+              help="Percent of packets dropped at random, each way (nftables numgen random).")
+@_name
+@_errors
+def lossy_cmd(host: int, rail: Any, loss: float, name: str) -> None:
+    """Drop a share of the NIC's packets at random; carrier stays up (a grey failure)."""
+    require_root("fault injection")
+    _emit(faults.lossy(Testbed.attach(name), host, rail, loss))
+
+
+@fault.command("repair")
+@_host
+@_rail
+@click.option("--kind", type=click.Choice(["cut", "blackhole", "lossy"]), required=True,
+              help="The one kind of fault to undo; the others stay.")
+@_name
+@_errors
+def repair_cmd(host: int, rail: Any, kind: str, name: str) -> None:
+    """Undo one kind of fault on the NIC and leave the others."""
+    require_root("fault injection")
+    _emit(faults.repair(Testbed.attach(name), host, rail, kind))
 
 
 @fault.command("flap")
@@ -209,8 +239,6 @@ _fault_command("restore", "Undo cut and blackhole on the NIC (idempotent).")
 def flap_cmd(host: int, rail: Any, period: float, count: Optional[int], duration: Optional[float], mode: str,
              name: str) -> None:
     """Flap a link down and up; without --count/--duration until SIGINT/SIGTERM. Ends up."""
-    from . import faults
-
     require_root("fault injection")
     tb = Testbed.attach(name)
     stop = threading.Event()

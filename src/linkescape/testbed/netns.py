@@ -14,8 +14,11 @@ addresses exist only inside the testbed's namespaces. The layout is recorded
 in ``/run/linkescape/testbed-PREFIX.json``; every object is also found by its
 name, so :func:`down` works after a crash without the state file.
 
-Faults (cut, blackhole, flap, restore) live in :mod:`linkescape.testbed.faults`
-and are reachable as methods of :class:`Testbed`.
+This module builds, inspects and removes testbeds; it knows nothing of faults.
+Faults (cut, blackhole, lossy, flap, restore) live in
+:mod:`linkescape.testbed.faults`, which needs a testbed; it also gives
+:class:`Testbed` its fault methods (``tb.cut(i, r)`` ...) when it is imported,
+and importing :mod:`linkescape.testbed` always imports it.
 """
 
 from __future__ import annotations
@@ -27,89 +30,23 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..errors import LinkEscapeError
+from . import nft
+from .shell import (NETNS_DIR, TestbedError, TestbedExists, ip_batch as _ip_batch, links as _links, list_netns,
+                    require_nft, require_root, run as _run)
 
 DEFAULT_NAME = "le"
 STATE_DIR_ENV = "LINKESCAPE_TESTBED_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/linkescape"
 IFNAMSIZ = 15  # longest interface name the kernel accepts
-NETNS_DIR = "/run/netns"
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 _RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")  # tc parses the unit; no spaces or newlines
-
-
-class TestbedError(LinkEscapeError):
-    """The testbed could not be built, found, changed or torn down."""
-
-    __test__ = False  # not a pytest test class despite the name
-
-
-class TestbedExists(TestbedError):
-    """A testbed (or leftovers of one) with this name already exists."""
-
-    __test__ = False
-
-
-# ----------------------------------------------------------------- plumbing
-def require_root(what: str = "the testbed") -> None:
-    """Raise :class:`TestbedError` unless we may create namespaces and links."""
-    if os.geteuid() != 0:
-        raise TestbedError(f"{what} needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); run it with sudo")
-    if shutil.which("ip") is None:
-        raise TestbedError("the 'ip' command (iproute2) is not installed")
-
-
-def require_nft() -> str:
-    path = shutil.which("nft")
-    if path is None:
-        raise TestbedError("blackhole faults need nftables: apt-get install -y nftables")
-    return path
-
-
-def _run(argv: Sequence[str], *, input: Optional[str] = None, check: bool = True,
-         what: Optional[str] = None) -> subprocess.CompletedProcess:
-    """Run a helper command, capturing output; raise TestbedError on failure."""
-    try:
-        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True)
-    except FileNotFoundError as exc:
-        raise TestbedError(f"{argv[0]} is not installed: {exc}") from None
-    if check and proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip()
-        raise TestbedError(f"{what or ' '.join(argv)} failed (exit {proc.returncode}): {detail}")
-    return proc
-
-
-def _ip_batch(lines: Sequence[str], netns: Optional[str] = None, what: str = "ip -batch") -> None:
-    """Run many ``ip`` commands in one process (much faster than one each)."""
-    if not lines:
-        return
-    argv = ["ip"] + (["-n", netns] if netns else []) + ["-batch", "-"]
-    _run(argv, input="\n".join(lines) + "\n", what=what)
-
-
-def _links(netns: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-    """Map interface name -> ``ip -j link`` record, in the root or a namespace."""
-    argv = ["ip"] + (["-n", netns] if netns else []) + ["-j", "link", "show"]
-    proc = _run(argv, check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return {}
-    return {rec["ifname"]: rec for rec in json.loads(proc.stdout)}
-
-
-def list_netns() -> List[str]:
-    """Names of all named network namespaces (``ip netns list``)."""
-    try:
-        return sorted(os.listdir(NETNS_DIR))
-    except FileNotFoundError:
-        return []
 
 
 def _write_sysctl(path: str, value: str) -> None:
@@ -152,11 +89,17 @@ class LinkState:
     operstate: str
     cut: bool  # the bridge-side veth is administratively down
     blackholed: bool  # an nftables drop table is installed for this rail
+    lossy: Optional[float] = None  # percent of packets dropped at random (None: not lossy)
 
     @property
     def usable(self) -> bool:
         """True when traffic can flow on this NIC."""
         return self.admin_up and self.carrier and not self.blackholed
+
+    @property
+    def degraded(self) -> bool:
+        """Usable, but packets are dropped at random (a lossy fault)."""
+        return self.usable and self.lossy is not None
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -406,70 +349,37 @@ class Testbed:
 
     # ------------------------------------------------------------ state
     def link_state(self, i: int, rail: Union[int, str]) -> LinkState:
-        """Carrier, admin state, cut and blackhole status of one host NIC."""
-        from .faults import is_blackholed
-
+        """Carrier, admin state, cut, blackhole and lossy status of one host NIC."""
         nic = self.nic(rail)
         inside = _flags_state(_links(self.netns(i)).get(nic))
         outside = _flags_state(_links().get(self.root_veth(i, rail)))
+        found = nft.tables(self.netns(i))
         return LinkState(host=i, rail=rail, nic=nic, cut=not outside["admin_up"],
-                         blackholed=is_blackholed(self, i, rail), **inside)
+                         blackholed=nic in nft.blackholed_nics(self.netns(i), found),
+                         lossy=nft.lossy_nics(self.netns(i), found).get(nic), **inside)
 
     def status(self) -> Dict[str, Any]:
         """Everything about the testbed in one JSON-able dict."""
-        from .faults import blackholed_nics
-
         root = _links()
         hosts = []
         for i in range(self.hosts):
             ns = self.netns(i)
             inside = _links(ns)
-            bh = blackholed_nics(self, i)
+            found = nft.tables(ns)
+            bh = nft.blackholed_nics(ns, found)
+            loss = nft.lossy_nics(ns, found)
             nics = []
             for r in list(range(self.rails)) + ["mgmt"]:
                 nic = self.nic(r)
                 st = _flags_state(inside.get(nic))
                 nics.append({"nic": nic, "addr": self.addr(i, r), **st,
                              "cut": not _flags_state(root.get(self.root_veth(i, r)))["admin_up"],
-                             "blackholed": nic in bh})
+                             "blackholed": nic in bh, "lossy": loss.get(nic)})
             hosts.append({"host": i, "netns": ns, "present": ns in list_netns(), "nics": nics})
         return {"name": self.name, "hosts": self.hosts, "rails": self.rails, "rate": self.rate,
                 "bridges": {self.bridge(r): _flags_state(root.get(self.bridge(r)))["admin_up"]
                             for r in list(range(self.rails)) + ["mgmt"]},
                 "host_status": hosts}
-
-    # ------------------------------------------------------------ faults
-    def cut(self, i: int, rail: Union[int, str]) -> float:
-        """Unplug the cable: host ``i``'s NIC on ``rail`` loses carrier. Returns the time applied."""
-        from . import faults
-
-        return faults.cut(self, i, rail).ts
-
-    def blackhole(self, i: int, rail: Union[int, str]) -> float:
-        """Silently drop every packet in and out of the NIC; carrier stays up."""
-        from . import faults
-
-        return faults.blackhole(self, i, rail).ts
-
-    def restore(self, i: int, rail: Union[int, str]) -> float:
-        """Undo cut and blackhole on that NIC (idempotent)."""
-        from . import faults
-
-        return faults.restore(self, i, rail).ts
-
-    def flap(self, i: int, rail: Union[int, str], period: float, count: Optional[int] = None,
-             duration: Optional[float] = None, mode: str = "cut") -> List["faults.FaultEvent"]:
-        """Down for period/2, up for period/2, ``count`` times or for ``duration`` s; ends up."""
-        from . import faults
-
-        return faults.flap(self, i, rail, period, count=count, duration=duration, mode=mode)
-
-    def flap_async(self, i: int, rail: Union[int, str], period: float, count: Optional[int] = None,
-                   duration: Optional[float] = None, mode: str = "cut") -> "faults.Flapper":
-        """Start flapping in a background thread; ``.stop()`` ends it with the link up."""
-        from . import faults
-
-        return faults.Flapper(self, i, rail, period, count=count, duration=duration, mode=mode).start()
 
 
 # ------------------------------------------------------------------ teardown
@@ -544,10 +454,7 @@ def down(name: Optional[str] = None, *, kill: bool = True) -> Dict[str, List[str
         _run(["ip"] + c.split(), check=False)
     for ns in found.get("netns", []):
         _run(["ip", "netns", "del", ns], check=False)
-    if shutil.which("nft"):  # root-side tables of the ingress-only blackhole fallback
-        from .faults import delete_root_tables
-
-        delete_root_tables(name)
+    nft.delete_root_tables(name)  # root-side tables of the ingress-only fallback
     for path in found.get("state", []):
         try:
             os.unlink(path)
@@ -622,5 +529,5 @@ def temporary_testbed(hosts: int = 2, rails: int = 2, rate: Optional[str] = None
 
 
 __all__ = ["Testbed", "TestbedError", "TestbedExists", "LinkState", "down", "find_leftovers",
-           "list_netns", "require_root", "state_path", "DEFAULT_NAME", "unique_name", "make_temporary",
+           "list_netns", "require_root", "require_nft", "state_path", "DEFAULT_NAME", "unique_name", "make_temporary",
            "release", "temporary_testbed"]
