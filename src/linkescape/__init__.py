@@ -2,7 +2,7 @@
 
 from .communicator import Communicator, Work
 from .config import Config
-from .errors import (CollectiveMismatch, CommClosed, CommTimeout, ConfigError, HandshakeError, InvalidBuffer,
+from .errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, HandshakeError, InvalidBuffer,
                      InvalidRank, LinkEscapeError, LinkFailure, PeerLost, ProtocolError, RendezvousError,
                      UnsupportedDtype, UsageError)
 from .ops import ReduceOp
@@ -13,6 +13,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Communicator", "Work", "Config", "ReduceOp", "FileStore",
     "LinkEscapeError", "UsageError", "InvalidRank", "InvalidBuffer", "UnsupportedDtype", "ConfigError",
-    "CollectiveMismatch", "HandshakeError", "ProtocolError", "CommTimeout", "RendezvousError",
+    "CollectiveMismatch", "HandshakeError", "AuthError", "ProtocolError", "CommTimeout", "RendezvousError",
     "LinkFailure", "PeerLost", "CommClosed",
 ]

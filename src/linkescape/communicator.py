@@ -42,7 +42,9 @@ class Work:
         if not self._op.done:
             self._comm._engine.wait(self._op, timeout)
         if not self._op.done:
-            raise CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
+            exc = CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
+            self._comm._trace_timeout(exc)
+            raise exc
         if self._op.error is not None:
             raise self._op.error
         return True
@@ -111,7 +113,23 @@ class Communicator:
             self._connect(store)
         self._engine.spin = self._spin_budget()
         self._engine.start_background()
+        self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
+
+    def _attach_observers(self) -> None:
+        """The flight recorder (LINKESCAPE_TRACE_BUFFER) and the metrics server (LINKESCAPE_METRICS_PORT)."""
+        from .flight import FlightRecorder, watch_signal
+        from .metrics_server import attach
+
+        self._flight = self._flight_post = None
+        if self.config.trace_buffer:
+            job = getattr(self, "job", b"") or b""
+            self._flight = FlightRecorder(self.config.trace_buffer, self.rank, self.world_size, self.config.trace_dir,
+                                          snapshot=self.snapshot, events=self.events,
+                                          job=job.decode("ascii", "replace").rstrip("\0"), rails=self.rails)
+            self._flight_post = self._flight.post_lock(self._post_lock)
+            watch_signal(self._flight)
+        self._metrics = attach(self, self._flight)
 
     def _connect(self, store) -> None:
         deadline = time.monotonic() + min(self.config.connect_timeout, self.config.timeout)
@@ -119,7 +137,7 @@ class Communicator:
         self._setup = setup
         try:
             job, peers = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline)
-            socks = setup.connect_all(job, peers, deadline)
+            socks = setup.connect_all(job, peers, deadline, store=store)
         except BaseException:
             setup.close()
             raise
@@ -133,7 +151,9 @@ class Communicator:
             self._engine.add_link(link)
         from .engine.recovery import Recovery
 
-        self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, setup.listeners, peers, job,
+        # Recovery waits on the acceptor (not the bare listeners): incoming
+        # connections are authenticated without blocking its thread.
+        self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, [setup.acceptor], peers, job,
                                   self.config, store=store)
 
     def _spin_budget(self) -> float:
@@ -174,6 +194,7 @@ class Communicator:
     def _run(self, name: str, sig_fields, build, async_op: bool, finish=None, p2p: bool = False,
              timeout: Optional[float] = None, rooted: bool = False):
         self._check_open()
+        posted_at = time.time()
         # Ops are posted in program order under the post lock; a synchronous
         # op is then driven outside it, so another thread may post meanwhile.
         self._post_lock.acquire()
@@ -195,11 +216,24 @@ class Communicator:
             build(sched)
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)
-            if async_op:
-                self._engine.start(op)
-                return Work(self, op)
-            held = False  # run() releases it once the op is posted
-            self._engine.run(op, self._post_lock)
+            flight = self._flight
+            slot = flight.record(op, sig_fields, posted_at) if flight is not None else None
+            try:
+                if async_op:
+                    self._engine.start(op)
+                    if slot is not None:
+                        flight.started(slot)
+                    return Work(self, op)
+                held = False  # run() releases it once the op is posted
+                if slot is not None:
+                    self._flight_post.slot = slot  # marks the op started as it releases the post lock
+                    self._engine.run(op, self._flight_post)
+                else:
+                    self._engine.run(op, self._post_lock)
+            except BaseException as exc:
+                if slot is not None:
+                    flight.abandon(slot, exc)
+                raise
         finally:
             if held:
                 self._post_lock.release()
@@ -405,7 +439,7 @@ class Communicator:
             s.op.sends.append(m)
             s.op.protect(raw)
 
-        return self._run("send", (), build, async_op, p2p=True)
+        return self._run("send", (_ops.signature_dtype(buf.dtype), buf.size, dst, tag), build, async_op, p2p=True)
 
     def recv(self, buf: np.ndarray, src: int, tag: int = 0, async_op: bool = False):
         buf = self._array(buf, "buf")
@@ -417,7 +451,7 @@ class Communicator:
             s.op.recvs.append(InMessage(s.op, src, msg, 0, len(raw), dst=raw))
             s.op.pending_recvs += 1
 
-        return self._run("recv", (), build, async_op, p2p=True)
+        return self._run("recv", (_ops.signature_dtype(buf.dtype), buf.size, src, tag), build, async_op, p2p=True)
 
     # ------------------------------------------------------------------ faults and counters
     def inject_fault(self, rail: int, kind: str) -> float:
@@ -453,7 +487,28 @@ class Communicator:
         finally:
             eng.lock.release()
         snap["rail_names"] = list(self.rails)
+        # connections closed for failing the handshake or the key proof
+        snap["rejected_connections"] = self._setup.rejected if self._setup is not None else 0
         return snap
+
+    # ------------------------------------------------------------------ flight recorder
+    @property
+    def flight_recorder(self):
+        """The ring of the last operations (None with LINKESCAPE_TRACE_BUFFER=0)."""
+        return self._flight
+
+    def dump_trace(self, directory: Optional[str] = None, reason: str = "manual") -> Optional[str]:
+        """Write the flight recorder's dump to ``directory`` (default
+        LINKESCAPE_TRACE_DIR) now; returns the file's path."""
+        if self._flight is None:
+            raise UsageError("the flight recorder is off (LINKESCAPE_TRACE_BUFFER=0)")
+        if not (directory or self._flight.trace_dir):
+            raise UsageError("no directory: pass one or set LINKESCAPE_TRACE_DIR")
+        return self._flight.dump(reason, directory=directory, force=True)
+
+    def _trace_timeout(self, exc: BaseException) -> None:
+        if self._flight is not None:
+            self._flight._trigger("timeout", exc)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -468,11 +523,15 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_metrics", None) is not None:
+            self._metrics.close()
         if self._recovery is not None:
             self._recovery.close()
         self._engine.close(graceful=graceful)
         if self._setup is not None:
             self._setup.close()
+        if getattr(self, "_flight", None) is not None:
+            self._flight.close()
         self.events.close()
 
     def __enter__(self) -> "Communicator":

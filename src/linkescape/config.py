@@ -56,6 +56,40 @@ def _size(value: str, name: str) -> int:
     return out
 
 
+def _count(value: str, name: str) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer") from None
+    if out <= 0:
+        raise ConfigError(f"{name}={value!r} must be positive")
+    return out
+
+
+#: the largest DATA payload a frame header may announce unless configured
+#: otherwise (frames carry at most ``chunk_bytes``)
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+
+def _port(value: str, name: str) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a port number") from None
+    if not 1 <= out <= 65535:
+        raise ConfigError(f"{name}={value!r} must be in [1, 65535]")
+    return out
+
+
+def _entries(value: str, name: str) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number of entries") from None
+    if out < 0:
+        raise ConfigError(f"{name}={value!r} must be 0 (off) or more")
+    return out
+
+
 # env var -> (field, parser)
 _ENV = {
     "LINKESCAPE_RAILS": ("rails", lambda v, n: _parse_rails(v)),
@@ -73,10 +107,19 @@ _ENV = {
     "LINKESCAPE_NO_PATH_TIMEOUT": ("no_path_timeout", _seconds),
     "LINKESCAPE_PEER_LOST_TIMEOUT": ("peer_lost_timeout", _seconds),
     "LINKESCAPE_EVENTS": ("events", lambda v, n: v),
+    "LINKESCAPE_METRICS_PORT": ("metrics_port", lambda v, n: _port(v, n)),
+    "LINKESCAPE_METRICS_ADDR": ("metrics_addr", lambda v, n: v.strip()),
+    "LINKESCAPE_TRACE_BUFFER": ("trace_buffer", lambda v, n: _entries(v, n)),
+    "LINKESCAPE_TRACE_DIR": ("trace_dir", lambda v, n: v),
     "LINKESCAPE_SPIN_US": ("spin_us", lambda v, n: float(v)),
     "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
+    "LINKESCAPE_AUTH_KEY": ("auth_key", lambda v, n: v),
+    "LINKESCAPE_AUTH_KEY_FILE": ("auth_key_file", lambda v, n: v),
+    "LINKESCAPE_HANDSHAKE_TIMEOUT_MS": ("handshake_timeout", _millis),
+    "LINKESCAPE_MAX_PENDING_HANDSHAKES": ("max_pending_handshakes", lambda v, n: _count(v, n)),
+    "LINKESCAPE_MAX_FRAME_BYTES": ("max_frame_bytes", _size),
 }
 
 
@@ -106,23 +149,54 @@ class Config:
     no_path_timeout: float = 1800.0
     peer_lost_timeout: float = 2.0
     events: Optional[str] = None
+    #: Prometheus /metrics on this port + the rank's offset (LOCAL_RANK, else rank); None: off
+    metrics_port: Optional[int] = None
+    metrics_addr: str = "127.0.0.1"
+    #: operations the flight recorder keeps (0: off)
+    trace_buffer: int = 2000
+    #: where the flight recorder dumps (timeouts, lost peers, mismatches, SIGUSR1); None: no dumps
+    trace_dir: Optional[str] = None
     #: microseconds to busy-poll before blocking; None: 50 when every local
     #: rank can have a core, else 0
     spin_us: Optional[float] = None
     tcp_congestion: Optional[str] = None
     socket_buffer: Optional[int] = None
     carrier_watch: bool = True
+    #: the job's shared secret (every rank the same); never printed
+    auth_key: Optional[str] = field(default=None, repr=False)
+    #: a file holding the key (alternative to ``auth_key``)
+    auth_key_file: Optional[str] = None
+    #: an incoming connection must finish the link handshake within this long
+    handshake_timeout: float = 2.0
+    #: incoming handshakes in progress at once; a new one evicts the least advanced
+    max_pending_handshakes: int = 64
+    #: frame headers announcing a larger payload are protocol errors
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     extra: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy {self.policy!r} is not one of {POLICIES}")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port={self.metrics_port} must be in [1, 65535]")
+        if not self.metrics_addr:
+            raise ConfigError("metrics_addr must name an address")
+        if self.trace_buffer < 0:
+            raise ConfigError(f"trace_buffer={self.trace_buffer} must be 0 (off) or more")
         if self.chunk_bytes < 64 or self.chunk_bytes % 64:
             raise ConfigError(f"chunk_bytes={self.chunk_bytes} must be a positive multiple of 64")
         for name in ("timeout", "connect_timeout", "heartbeat_interval", "silent_timeout",
                      "failback_holddown", "reconnect_max", "no_path_timeout", "peer_lost_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.auth_key is not None and self.auth_key_file is not None:
+            raise ConfigError("set LINKESCAPE_AUTH_KEY or LINKESCAPE_AUTH_KEY_FILE, not both")
+        if self.handshake_timeout <= 0:
+            raise ConfigError("handshake_timeout must be positive")
+        if self.max_pending_handshakes < 1:
+            raise ConfigError("max_pending_handshakes must be at least 1")
+        if self.chunk_bytes > self.max_frame_bytes:
+            raise ConfigError(f"chunk_bytes={self.chunk_bytes} exceeds max_frame_bytes={self.max_frame_bytes}")
         if self.silent_timeout <= self.heartbeat_interval:
             raise ConfigError("silent_timeout must exceed heartbeat_interval")
 

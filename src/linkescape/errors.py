@@ -64,6 +64,18 @@ class HandshakeError(LinkEscapeError):
     """A connection failed the linkescape handshake (wrong magic, version or job)."""
 
 
+class AuthError(HandshakeError):
+    """A link handshake failed the key proof: the other side does not hold the
+    job's key (LINKESCAPE_AUTH_KEY differs between the ranks, or a stranger).
+    ``peer`` is the rank that could not be authenticated (or that a stranger
+    claimed to be), ``rail`` the rail of the link."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None, rail: Optional[int] = None):
+        super().__init__(message)
+        self.peer = peer
+        self.rail = rail
+
+
 class ProtocolError(LinkEscapeError):
     """A peer sent something that breaks the wire protocol."""
 

@@ -1,10 +1,15 @@
 """Rendezvous: rails, the store exchange, and opening every link at start-up.
 
 Each rank listens once per rail and publishes ``ip:port`` per rail in the
-store. The higher rank of every pair connects to the lower one on every rail
-(rail i to rail i) and speaks first; both sides check the handshake (magic,
-version, job, ranks, rail, epoch). A connection that fails the handshake is
-closed and logged, and never disturbs the job.
+store. Rank 0 creates the job token (``linkescape/job``) and a per-job secret.
+The higher rank of every pair dials the lower one on every rail (rail i to
+rail i) and both prove the job's key in the handshake (protocol/handshake.py):
+the configured LINKESCAPE_AUTH_KEY, else the per-job secret. A connection that
+fails the handshake is closed, counted and never disturbs the job.
+
+A key mismatch fails start-up at once with ``AuthError`` naming the rank: the
+dialer learns it from the acceptor's REJECT, and records it in the store
+(``linkescape/auth_failed/<job>``) so that the ranks waiting for it stop too.
 """
 
 from __future__ import annotations
@@ -18,15 +23,20 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import auth
 from .config import Config
-from .errors import ConfigError, HandshakeError, RendezvousError
-from .protocol.frames import Hello
+from .errors import AuthError, ConfigError, HandshakeError, RendezvousError
+from .protocol.handshake import LinkAuth
 from .transport import tcp
+from .transport.acceptor import Acceptor
 
 log = logging.getLogger("linkescape.rendezvous")
 
 KEY_JOB = "linkescape/job"
 KEY_ADDR = "linkescape/addr/{rank}"
+#: the per-job secret, under the job's token so that a reader always gets the pair
+KEY_SECRET = auth.KEY_SECRET + "/{job}"
+KEY_AUTH_FAILED = "linkescape/auth_failed/{job}"
 
 
 # ------------------------------------------------------------------ rails
@@ -98,7 +108,9 @@ def _decode(value) -> str:
 def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
              deadline: float) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]]]:
     if rank == 0:
-        store.set(KEY_JOB, secrets.token_hex(16))
+        token = secrets.token_hex(16)
+        store.set(KEY_SECRET.format(job=token), auth.new_job_secret())  # before the job: readers find both
+        store.set(KEY_JOB, token)
     job = _decode(_store_get(store, KEY_JOB, deadline, 0)).encode()
     store.set(KEY_ADDR.format(rank=rank), json.dumps([f"{a}:{p}" for a, p in my_addrs]))
     peers: Dict[int, List[Tuple[str, int]]] = {}
@@ -117,9 +129,21 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
     return job, peers
 
 
+def job_secret(store, job: bytes, deadline: float) -> bytes:
+    """The per-job secret rank 0 published with ``job``."""
+    return _decode(_store_get(store, KEY_SECRET.format(job=job.decode()), deadline, 0)).encode()
+
+
 # ------------------------------------------------------------------ links
 class LinkSetup:
-    """Opens every link of one rank at start-up (blocking, with a deadline)."""
+    """Opens every link of one rank at start-up (blocking, with a deadline).
+
+    The listeners exist from the start (their addresses go to the store); the
+    ``acceptor`` that authenticates what connects to them is made once the job
+    is known and is handed on to recovery afterwards."""
+
+    #: how often a rank waiting for others looks for a peer's key mismatch
+    FLAG_INTERVAL = 0.5
 
     def __init__(self, rank: int, world_size: int, rail_addrs: List[str], config: Config) -> None:
         self.rank = rank
@@ -128,69 +152,128 @@ class LinkSetup:
         self.config = config
         self.listeners = [tcp.listen(a) for a in rail_addrs]
         self.job = b""
+        self.auth: Optional[LinkAuth] = None
+        self.acceptor: Optional[Acceptor] = None
         self.accepted: Dict[Tuple[int, int], socket.socket] = {}
-        self.rejected = 0
         self._cv = threading.Condition()
+        self._store = None
+        self._abort: Optional[BaseException] = None
+        self._flag_at = 0.0
+        self._auth_seen = 0
 
     @property
     def addresses(self) -> List[Tuple[str, int]]:
         return [l.getsockname() for l in self.listeners]
 
-    def _accept_loop(self, expected: int, deadline: float, stop: threading.Event) -> None:
-        import select
+    @property
+    def rejected(self) -> int:
+        """Connections closed for failing the handshake or the key proof."""
+        return self.acceptor.rejected if self.acceptor is not None else 0
 
-        while not stop.is_set() and time.monotonic() < deadline:
-            with self._cv:
-                if len(self.accepted) >= expected:
-                    return
-            ready, _, _ = select.select(self.listeners, [], [], 0.05)
-            for lsock in ready:
-                try:
-                    conn, addr = lsock.accept()
-                except BlockingIOError:
-                    continue
-                self._handshake_incoming(conn, addr, min(deadline, time.monotonic() + 5.0))
+    # ------------------------------------------------------------ key mismatch
+    def _flag_key(self) -> str:
+        return KEY_AUTH_FAILED.format(job=self.job.decode())
 
-    def _handshake_incoming(self, conn: socket.socket, addr, deadline: float) -> None:
+    def _report_auth_failure(self, exc: AuthError) -> None:
+        if self._store is None:
+            return
         try:
-            conn.setblocking(True)
-            hello = tcp.read_hello(conn, deadline)
-            hello.check(job=self.job, dst=self.rank, world_size=self.world_size, rails=len(self.rail_addrs))
-            if hello.src <= self.rank:
-                raise HandshakeError(f"rank {hello.src} must not connect to lower rank {self.rank}")
-            tcp.tune(conn, self.config)
-            conn.sendall(Hello(self.rank, hello.src, hello.rail, hello.epoch, 1, self.job).pack())
-            conn.setblocking(False)
-            with self._cv:
-                old = self.accepted.pop((hello.src, hello.rail), None)
-                if old is not None:
-                    old.close()
-                self.accepted[(hello.src, hello.rail)] = conn
-                self._cv.notify_all()
-        except (HandshakeError, OSError) as exc:
-            self.rejected += 1
-            log.warning("rank %d: rejected a connection from %s: %s", self.rank, addr, exc)
-            conn.close()
+            self._store.set(self._flag_key(), json.dumps({"rank": self.rank, "peer": exc.peer}))
+        except Exception as exc2:  # noqa: BLE001 - best effort: our own error is raised anyway
+            log.debug("rank %d: cannot record the auth failure in the store: %s", self.rank, exc2)
 
-    def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float
-                    ) -> Dict[Tuple[int, int], socket.socket]:
-        """Returns {(peer, rail): socket} for every pair and rail."""
+    def _check_flag(self, force: bool = False) -> None:
+        """Raise AuthError if another rank stopped on a key mismatch (it will
+        never connect or accept: waiting for it would last the whole deadline)."""
+        if self._abort is not None:
+            raise self._abort
+        store = self._store
+        now = time.monotonic()
+        if store is None or getattr(store, "check", None) is None or (
+                not force and now - self._flag_at < self.FLAG_INTERVAL):
+            return
+        self._flag_at = now
+        key = self._flag_key()
+        try:
+            if not store.check([key]):
+                return
+            info = json.loads(_decode(store.get(key)))
+            who, peer = int(info["rank"]), info.get("peer")
+        except Exception as exc:  # noqa: BLE001 - no answer from the store: keep waiting
+            log.debug("rank %d: no word on key mismatches: %s", self.rank, exc)
+            return
+        if who == self.rank:
+            return
+        self._abort = AuthError(f"rank {who} could not authenticate its link to rank {peer}: the ranks hold "
+                                f"different keys (LINKESCAPE_AUTH_KEY / LINKESCAPE_AUTH_KEY_FILE)", peer=who)
+        raise self._abort
+
+    # ------------------------------------------------------------ accepting
+    def _admit(self, peer: int, rail: int, epoch: int) -> int:
+        return 1  # nothing received yet: replay would start at seq 1
+
+    def _accept_loop(self, expected: int, deadline: float, stop: threading.Event) -> None:
+        acc = self.acceptor
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                with self._cv:
+                    if len(self.accepted) >= expected:
+                        return
+                acc.wait(0.05)
+                for link in acc.poll(self._admit):
+                    with self._cv:
+                        old = self.accepted.pop((link.peer, link.rail), None)
+                        if old is not None:  # the dialer gave up on it and dialed again
+                            old.close()
+                        self.accepted[(link.peer, link.rail)] = link.sock
+                        self._cv.notify_all()
+                seen = sum(acc.auth_failures.values())
+                self._check_flag(force=seen != self._auth_seen)
+                self._auth_seen = seen
+        except AuthError as exc:
+            self._abort = exc
+
+    # ------------------------------------------------------------ all links
+    def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float,
+                    store=None) -> Dict[Tuple[int, int], socket.socket]:
+        """Returns {(peer, rail): socket} for every pair and rail. ``store``:
+        where the per-job secret is (when no key is configured) and where key
+        mismatches are reported."""
         self.job = job
+        self._store = store
         nr = len(self.rail_addrs)
         for p, addrs in peers.items():
             if len(addrs) != nr:
                 raise RendezvousError(f"rank {p} has {len(addrs)} rails, rank {self.rank} has {nr}",
                                       missing=[p])
+        secret = None
+        if auth.load_key(self.config) is None:
+            if store is None:
+                raise ConfigError("no LINKESCAPE_AUTH_KEY and no store to hold a per-job secret")
+            secret = job_secret(store, job, deadline)
+        key, _source = auth.link_key(self.config, secret, self.rank)
+        self.auth = LinkAuth(key, job, self.rank, self.world_size, nr)
+        self.acceptor = Acceptor(self.listeners, self.auth, self.config)
         expected_in = (self.world_size - 1 - self.rank) * nr
         stop = threading.Event()
-        acceptor = threading.Thread(target=self._accept_loop, args=(expected_in, deadline, stop), daemon=True)
+        acceptor = threading.Thread(target=self._accept_loop, args=(expected_in, deadline, stop), daemon=True,
+                                    name=f"linkescape-accept-{self.rank}")
         acceptor.start()
         out: Dict[Tuple[int, int], socket.socket] = {}
         try:
             for p in range(self.rank):
                 for rail in range(nr):
                     out[(p, rail)] = self._connect(p, rail, peers[p][rail], deadline)
-            acceptor.join(max(0.0, deadline - time.monotonic()))
+            while acceptor.is_alive() and time.monotonic() < deadline:
+                acceptor.join(0.05)
+                if self._abort is not None:
+                    raise self._abort
+            if self._abort is not None:
+                raise self._abort
+        except BaseException:
+            for sock in out.values():
+                sock.close()
+            raise
         finally:
             stop.set()
             acceptor.join()
@@ -208,14 +291,15 @@ class LinkSetup:
         delay = 0.01
         while True:
             try:
-                hello = Hello(self.rank, peer, rail, 1, 1, self.job)
-                sock, reply = tcp.connect(self.rail_addrs[rail], addr, hello, self.config,
-                                          min(deadline, time.monotonic() + 10.0))
-                if reply.src != peer or reply.rail != rail or reply.job != self.job.rstrip(b"\0")[:32]:
-                    sock.close()
-                    raise HandshakeError(f"rank {peer} rail {rail} answered with a bad handshake")
+                attempt = min(deadline, time.monotonic() + 10.0)
+                hs = self.auth.dialer(peer, rail, 1, 1, attempt)
+                sock, _est = tcp.connect(self.rail_addrs[rail], addr, hs, self.config, attempt)
                 return sock
+            except AuthError as exc:
+                self._report_auth_failure(exc)
+                raise
             except (OSError, HandshakeError) as exc:
+                self._check_flag()
                 if time.monotonic() + delay > deadline:
                     raise RendezvousError(f"rank {self.rank} could not reach rank {peer} on rail {rail} "
                                           f"at {addr[0]}:{addr[1]}: {exc}", missing=[peer]) from exc
@@ -223,5 +307,7 @@ class LinkSetup:
                 delay = min(delay * 2, 0.5)
 
     def close(self) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
         for l in self.listeners:
             l.close()

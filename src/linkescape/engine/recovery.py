@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
 from ..errors import HandshakeError
-from ..protocol.frames import Hello, Kind
+from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, State
 from ..transport import tcp
 from .link import Link
@@ -248,17 +248,15 @@ class Recovery:
         epoch = self.epochs.get((peer, rail), 1) + 1
         self.epochs[(peer, rail)] = epoch
         expected = eng.peers[peer].recv.expected  # an int: a racy read is fine, replay trims less
-        hello = Hello(self.rank, peer, rail, epoch, expected, self.job)
         # Short: on a black-holed path the SYN just vanishes, and this thread
         # dials one link at a time, so a long wait would delay every re-dial.
         deadline = time.monotonic() + min(0.5, self.config.reconnect_max + 0.25)
         self.dialing.add((peer, rail))
         try:
-            sock, reply = tcp.connect(self.rail_addrs[rail], self.peer_addrs[peer][rail], hello, self.config,
+            # the same key proof as at start-up (the acceptor holds the job's LinkAuth)
+            handshake = self.listeners[0].auth.dialer(peer, rail, epoch, expected, deadline)
+            sock, reply = tcp.connect(self.rail_addrs[rail], self.peer_addrs[peer][rail], handshake, self.config,
                                       deadline)
-            if reply.src != peer or reply.rail != rail or reply.job != self.job.rstrip(b"\0")[:32]:
-                sock.close()
-                raise HandshakeError("bad reply")
         except (OSError, HandshakeError) as exc:
             refused = isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
             log.debug("rank %d: re-open rail %d to rank %d failed: %s", self.rank, rail, peer, exc)
@@ -274,34 +272,23 @@ class Recovery:
                 self.wake()
             eng.call_soon(failed)
             return
-        self._adopt(sock, peer, rail, epoch, reply.expected)
+        self._adopt(sock, peer, rail, epoch, reply.peer_expected)
 
-    def _accept(self, lsock) -> None:
-        try:
-            conn, addr = lsock.accept()
-        except (BlockingIOError, OSError):
-            return
-        try:
-            conn.setblocking(True)
-            hello = tcp.read_hello(conn, time.monotonic() + 2.0)
-            hello.check(job=self.job, dst=self.rank, world_size=self.engine.world_size, rails=len(self.rail_addrs))
-            if hello.src <= self.rank:
-                raise HandshakeError(f"rank {hello.src} must not dial lower rank {self.rank}")
-            last = self.epochs.get((hello.src, hello.rail), 1)
-            if hello.epoch <= last:
-                raise HandshakeError(f"stale epoch {hello.epoch} (have {last})")
-            if hello.rail in self.local_down:
-                raise HandshakeError(f"rail {hello.rail} has no carrier here")
-            self.epochs[(hello.src, hello.rail)] = hello.epoch
-            tcp.tune(conn, self.config)
-            expected = self.engine.peers[hello.src].recv.expected  # racy read of an int: fine
-            conn.sendall(Hello(self.rank, hello.src, hello.rail, hello.epoch, expected, self.job).pack())
-            conn.setblocking(False)
-        except (HandshakeError, OSError) as exc:
-            log.warning("rank %d: rejected a connection from %s: %s", self.rank, addr, exc)
-            conn.close()
-            return
-        self._adopt(conn, hello.src, hello.rail, hello.epoch, hello.expected)
+    def _accept(self, acceptor) -> None:
+        """Advance the incoming handshakes (never blocks: the acceptor bounds
+        them and gives each a deadline) and adopt the links whose dialer
+        proved the key. Only a dialer that proved it moves an epoch."""
+        def admit(src: int, rail: int, epoch: int) -> int:
+            last = self.epochs.get((src, rail), 1)
+            if epoch <= last:
+                raise HandshakeError(f"stale epoch {epoch} (have {last})")
+            if rail in self.local_down:
+                raise HandshakeError(f"rail {rail} has no carrier here")
+            self.epochs[(src, rail)] = epoch
+            return self.engine.peers[src].recv.expected  # racy read of an int: fine
+
+        for link in acceptor.poll(admit):
+            self._adopt(link.sock, link.peer, link.rail, link.epoch, link.peer_expected)
 
     def _adopt(self, sock: socket.socket, peer: int, rail: int, epoch: int, peer_expected: int) -> None:
         eng = self.engine

@@ -1,4 +1,4 @@
-"""Wire format: the fixed frame header and the link handshake.
+"""Wire format: the fixed frame header (the link handshake: .handshake).
 
 Rules:
 - Every frame starts with a fixed 48-byte little-endian header.
@@ -19,7 +19,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from ..errors import HandshakeError, ProtocolError
+from ..errors import ProtocolError
 
 HEADER = struct.Struct("<BBHIQQQQII")
 HEADER_SIZE = HEADER.size  # 48
@@ -29,6 +29,9 @@ assert HEADER_SIZE == 48
 #: collective messages carry the operation's sequence number.
 P2P_FLAG = 1 << 63
 MAX_FRAME = (1 << 32) - 1
+#: the payload bound of ``unpack_header`` unless the caller passes the
+#: configured one (``Config.max_frame_bytes``, same default)
+DEFAULT_MAX_PAYLOAD = 64 << 20
 #: header flag: the sender waits for this frame's ack (zero-copy memory, or an
 #: operation that completes on delivery), so acknowledge it at once
 FLAG_ACK_NOW = 1
@@ -69,65 +72,27 @@ def pack_header(kind: int, seq: int, ack: int, msg: int = 0, offset: int = 0, le
     return HEADER.pack(kind, flags, 0, sig, seq, ack, msg, offset, length, arg)
 
 
-def unpack_header(buf) -> Header:
+def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
+    """Decode and check one header: ProtocolError for a short buffer, an
+    unknown kind, a control frame with a payload, or a payload larger than
+    ``max_payload`` (the configured ``max_frame_bytes``), so no length field
+    makes a reader allocate past that bound. Where a frame's seq, ack and
+    offset belong is checked against the channel and the message (channel,
+    engine), which know them."""
+    if len(buf) < HEADER_SIZE:
+        raise ProtocolError(f"short frame header: {len(buf)} bytes")
     kind, flags, _pad, sig, seq, ack, msg, offset, length, arg = HEADER.unpack_from(buf)
     if kind not in _KINDS:
         raise ProtocolError(f"unknown frame kind {kind}")
     if kind != Kind.DATA and length:
         raise ProtocolError(f"control frame {Kind(kind).name} carries {length} payload bytes")
+    if length > max_payload:
+        raise ProtocolError(f"DATA frame of {length} bytes exceeds the bound of {max_payload} "
+                            f"(LINKESCAPE_MAX_FRAME_BYTES)")
     return Header(kind, flags, seq, ack, msg, offset, length, sig, arg)
 
 
 _KINDS = frozenset(int(k) for k in Kind)
 
-# ------------------------------------------------------------------ handshake
-MAGIC = 0x4C4E4B45  # "LNKE"
-VERSION = 1
-HELLO = struct.Struct("<IHHIIIIQ32s")
-HELLO_SIZE = HELLO.size
-
-
-@dataclass(frozen=True)
-class Hello:
-    """The first bytes on every link, in both directions.
-
-    The connecting side sends its Hello; the accepting side checks it and
-    answers with its own. ``job`` ties the link to one communicator (a random
-    token published in the store), ``epoch`` counts the times this link was
-    (re)opened so a stale connection cannot be mistaken for the current one.
-    ``expected`` is the next DATA seq the sender of the Hello expects from the
-    other side: replay after a reconnect starts there.
-    """
-
-    src: int
-    dst: int
-    rail: int
-    epoch: int
-    expected: int
-    job: bytes
-    version: int = VERSION
-
-    def pack(self) -> bytes:
-        return HELLO.pack(MAGIC, self.version, 0, self.src, self.dst, self.rail, self.epoch,
-                          self.expected, self.job.ljust(32, b"\0")[:32])
-
-    @classmethod
-    def unpack(cls, buf) -> "Hello":
-        if len(buf) != HELLO_SIZE:
-            raise HandshakeError(f"short handshake: {len(buf)} bytes")
-        magic, version, _pad, src, dst, rail, epoch, expected, job = HELLO.unpack(buf)
-        if magic != MAGIC:
-            raise HandshakeError(f"bad magic {magic:#x}: not a linkescape peer")
-        if version != VERSION:
-            raise HandshakeError(f"protocol version {version} is not {VERSION}")
-        return cls(src, dst, rail, epoch, expected, job.rstrip(b"\0"), version)
-
-    def check(self, *, job: bytes, dst: int, world_size: int, rails: int) -> None:
-        if self.job != job.rstrip(b"\0")[:32]:
-            raise HandshakeError("handshake from another job")
-        if self.dst != dst:
-            raise HandshakeError(f"handshake addressed to rank {self.dst}, this is rank {dst}")
-        if not 0 <= self.src < world_size or self.src == dst:
-            raise HandshakeError(f"handshake from invalid rank {self.src}")
-        if not 0 <= self.rail < rails:
-            raise HandshakeError(f"handshake on invalid rail {self.rail}")
+# The link handshake lives in .handshake; re-exported for older imports.
+from .handshake import HELLO, HELLO_SIZE, MAGIC, VERSION, Hello  # noqa: E402,F401

@@ -1,9 +1,9 @@
-"""TCP transport: sockets, their options, and the link handshake.
+"""TCP transport: sockets, their options, and dialing a link.
 
 A link is one TCP connection between two ranks on one rail (rail i to rail i).
-The higher rank connects to the lower one; the connecting side speaks first.
-Sockets are non-blocking once handed to the engine; the setup helpers here
-block with a deadline.
+The higher rank connects to the lower one and speaks first (the handshake:
+protocol/handshake.py; the accepting side: acceptor.py). Sockets are
+non-blocking once handed to the engine; ``connect`` blocks with a deadline.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 from typing import Optional, Tuple
 
 from ..config import Config
-from ..errors import HandshakeError
-from ..protocol.frames import HELLO_SIZE, Hello
+from ..errors import AuthError, HandshakeError
+from ..protocol.handshake import DialerHandshake, Established
 
 log = logging.getLogger("linkescape.transport")
 
@@ -83,7 +83,10 @@ def tcp_info_summary(sock: socket.socket) -> str:
             f"last_ack_recv={u32(56)}ms last_data_recv={u32(52)}ms probes={info[3]} backoff={info[4]}")
 
 
-def listen(address: str, backlog: int = 128) -> socket.socket:
+def listen(address: str, backlog: int = 1024) -> socket.socket:
+    """A non-blocking listener on ``address`` (any port). The backlog is deep
+    so that a burst of strangers' connections cannot crowd out a re-dial
+    before the acceptor takes them (the kernel caps it at somaxconn)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((address, 0))
@@ -92,41 +95,46 @@ def listen(address: str, backlog: int = 128) -> socket.socket:
     return sock
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise socket.timeout("handshake timed out")
-        sock.settimeout(remaining)
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionResetError(errno.ECONNRESET, "connection closed during handshake")
-        buf += chunk
-    return bytes(buf)
+def _recv_upto(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """At most ``n`` bytes, at least one (the handshake asks for exactly what
+    it needs, so nothing that follows it is read)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout("handshake timed out")
+    sock.settimeout(remaining)
+    chunk = sock.recv(n)
+    if not chunk:
+        raise ConnectionResetError(errno.ECONNRESET, "connection closed during handshake")
+    return chunk
 
 
-def connect(local: str, remote: Tuple[str, int], hello: Hello, config: Config,
-            deadline: float) -> Tuple[socket.socket, Hello]:
-    """Open a link and do the handshake as the connecting side (blocking)."""
+def connect(local: str, remote: Tuple[str, int], handshake: DialerHandshake, config: Config,
+            deadline: float) -> Tuple[socket.socket, Established]:
+    """Open a link and run the handshake as the dialing side (blocking, with
+    a deadline). Returns a non-blocking socket. Raises OSError (unreachable,
+    refused, timed out, closed by the acceptor), HandshakeError (refused, or a
+    malformed answer) or AuthError (the key proof failed on either side)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         tune(sock, config)
         sock.bind((local, 0))
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.connect(remote)
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        sock.sendall(hello.pack())
-        reply = Hello.unpack(_recv_exact(sock, HELLO_SIZE, deadline))
+        while True:
+            out = handshake.data_to_send()
+            if out:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                sock.sendall(out)
+            if handshake.done:
+                break
+            event = handshake.receive_data(_recv_upto(sock, handshake.want(), deadline), time.monotonic())
+            if isinstance(event, Established):
+                established = event
         sock.setblocking(False)
-        return sock, reply
+        return sock, established
     except BaseException:
         sock.close()
         raise
-
-
-def read_hello(sock: socket.socket, deadline: float) -> Hello:
-    return Hello.unpack(_recv_exact(sock, HELLO_SIZE, deadline))
 
 
 def route_source(host: str) -> str:
@@ -139,4 +147,4 @@ def route_source(host: str) -> str:
         probe.close()
 
 
-__all__ = ["tune", "ack_silence", "listen", "connect", "read_hello", "route_source", "HandshakeError"]
+__all__ = ["tune", "ack_silence", "listen", "connect", "route_source", "HandshakeError", "AuthError"]

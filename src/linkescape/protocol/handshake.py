@@ -1,0 +1,418 @@
+"""The link handshake: mutual challenge-response over the job's key (sans-I/O).
+
+Rules:
+- The dialing side (the higher rank of the pair) speaks first. The accepting
+  side proves nothing and tells nothing about the link (epoch, expected seq)
+  before the dialer has proved that it holds the key::
+
+      dialer   HELLO      magic, version, src, dst, rail, epoch, expected, job, nonce_d
+      acceptor CHALLENGE  nonce_a                      (fresh random, says nothing)
+      dialer   PROOF      mac_d
+      acceptor ACCEPT     epoch, expected, mac_a       (only after mac_d checked)
+           or  REJECT     reason                       (and the connection closes)
+
+- ``mac_d = HMAC-SHA256(key, "dial" | job | nonce_d | nonce_a | src | dst | rail
+  | epoch | expected_d)`` and ``mac_a`` the same with the label "accept" and the
+  acceptor's expected. Distinct labels: a proof cannot be reflected back. Both
+  nonces are fresh: a handshake recorded on an earlier connection fails on a
+  new one. The key never crosses the wire; proofs compare in constant time.
+- Every message has a fixed size and starts with magic, version and type: a
+  decoder never holds more than one message (the largest is ``HELLO_SIZE``),
+  whatever the bytes say, and asks for exactly the bytes it needs (``want``),
+  so it never reads into the frames that follow the handshake.
+- Time comes in as an argument: past its deadline a handshake fails.
+- A message that is malformed, out of order or late is a ``HandshakeError``;
+  a proof that does not verify is an ``AuthError``. Nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import struct
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from ..errors import AuthError, HandshakeError
+
+MAGIC = 0x4C4E4B45  # "LNKE"
+#: 2: challenge-response (1 was a plain Hello answered with a Hello)
+VERSION = 2
+NONCE_SIZE = 32
+MAC_SIZE = 32
+JOB_SIZE = 32
+
+
+class Msg(enum.IntEnum):
+    HELLO = 1
+    CHALLENGE = 2
+    PROOF = 3
+    ACCEPT = 4
+    REJECT = 5
+
+
+class Reject(enum.IntEnum):
+    """Why an acceptor closed a handshake (sent in REJECT; reveals nothing)."""
+
+    #: the dialer's proof does not verify: another key, or no key
+    BAD_PROOF = 1
+    #: authenticated, but not wanted now (stale epoch, rail down here)
+    REFUSED = 2
+    #: HELLO for another job, rank or rail
+    BAD_HELLO = 3
+
+
+PREFIX = struct.Struct("<IHH")  # magic, version, type
+HELLO = struct.Struct("<IHHIIIIQ32s32s")
+CHALLENGE = struct.Struct("<IHH32s")
+PROOF = struct.Struct("<IHH32s")
+ACCEPT = struct.Struct("<IHHIQ32s")
+REJECT = struct.Struct("<IHHI")
+HELLO_SIZE = HELLO.size
+SIZES = {Msg.HELLO: HELLO.size, Msg.CHALLENGE: CHALLENGE.size, Msg.PROOF: PROOF.size,
+         Msg.ACCEPT: ACCEPT.size, Msg.REJECT: REJECT.size}
+MAX_MESSAGE = max(SIZES.values())
+_FIELDS = struct.Struct("<IIIIQ")  # src, dst, rail, epoch, expected
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+def _job(job: bytes) -> bytes:
+    return job.rstrip(b"\0")[:JOB_SIZE]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The dialer's first message.
+
+    ``job`` ties the link to one communicator (a random token published in the
+    store), ``epoch`` counts the times this link was (re)opened so that a stale
+    connection cannot pass for the current one, ``expected`` is the next DATA
+    seq the dialer expects from the acceptor (replay after a reconnect starts
+    there), ``nonce`` the dialer's challenge. None of it is secret; the PROOF
+    that follows authenticates all of it.
+    """
+
+    src: int
+    dst: int
+    rail: int
+    epoch: int
+    expected: int
+    job: bytes
+    nonce: bytes = bytes(NONCE_SIZE)
+    version: int = VERSION
+
+    def pack(self) -> bytes:
+        return HELLO.pack(MAGIC, self.version, Msg.HELLO, self.src, self.dst, self.rail, self.epoch,
+                          self.expected, self.job.ljust(JOB_SIZE, b"\0")[:JOB_SIZE],
+                          self.nonce.ljust(NONCE_SIZE, b"\0")[:NONCE_SIZE])
+
+    @classmethod
+    def unpack(cls, buf) -> "Hello":
+        if len(buf) != HELLO_SIZE:
+            raise HandshakeError(f"short handshake: {len(buf)} bytes")
+        _check_prefix(buf, (Msg.HELLO,))
+        _m, version, _t, src, dst, rail, epoch, expected, job, nonce = HELLO.unpack(buf)
+        return cls(src, dst, rail, epoch, expected, _job(job), nonce, version)
+
+    def check(self, *, job: bytes, dst: int, world_size: int, rails: int) -> None:
+        if self.job != _job(job):
+            raise HandshakeError("handshake from another job")
+        if self.dst != dst:
+            raise HandshakeError(f"handshake addressed to rank {self.dst}, this is rank {dst}")
+        if not 0 <= self.src < world_size or self.src == dst:
+            raise HandshakeError(f"handshake from invalid rank {self.src}")
+        if not 0 <= self.rail < rails:
+            raise HandshakeError(f"handshake on invalid rail {self.rail}")
+
+
+def _check_prefix(buf, allowed) -> Msg:
+    magic, version, kind = PREFIX.unpack_from(buf)
+    if magic != MAGIC:
+        raise HandshakeError(f"bad magic {magic:#x}: not a linkescape peer")
+    if version != VERSION:
+        raise HandshakeError(f"protocol version {version} is not {VERSION}")
+    if kind not in allowed:
+        name = Msg(kind).name if kind in SIZES else str(kind)
+        raise HandshakeError(f"handshake message {name} where {'/'.join(Msg(a).name for a in allowed)} was due")
+    return Msg(kind)
+
+
+def proof(key: bytes, label: bytes, job: bytes, nonce_d: bytes, nonce_a: bytes, src: int, dst: int,
+          rail: int, epoch: int, expected: int) -> bytes:
+    """HMAC-SHA256 over both nonces, the job, both ranks, the rail, the epoch
+    and the sender's expected seq."""
+    job = _job(job)
+    msg = b"".join((b"linkescape/v2/", label, bytes([len(job)]), job, nonce_d, nonce_a,
+                    _FIELDS.pack(src, dst, rail, epoch, expected)))
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+class MessageReader:
+    """Collects one fixed-size handshake message at a time. ``want()`` is the
+    number of bytes still missing: the caller reads at most that many."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.allowed: Tuple[Msg, ...] = ()
+        self.kind: Optional[Msg] = None
+
+    def want(self) -> int:
+        if self.kind is None:
+            return PREFIX.size - len(self.buf)
+        return SIZES[self.kind] - len(self.buf)
+
+    def feed(self, data, pos: int) -> Tuple[int, Optional[Tuple[Msg, bytes]]]:
+        """Take bytes from ``data[pos:]`` up to the end of the current message;
+        returns the new position and the message once whole."""
+        take = min(len(data) - pos, self.want())
+        self.buf += data[pos:pos + take]
+        pos += take
+        if self.kind is None and len(self.buf) == PREFIX.size:
+            self.kind = _check_prefix(self.buf, self.allowed)
+        if self.kind is not None and len(self.buf) == SIZES[self.kind]:
+            out = (self.kind, bytes(self.buf))
+            self.buf.clear()
+            self.kind = None
+            return pos, out
+        return pos, None
+
+
+@dataclass(frozen=True)
+class Proved:
+    """The dialer proved the key: the acceptor decides (``admit``/``refuse``)."""
+
+    peer: int
+    rail: int
+    epoch: int
+    #: the next DATA seq the dialer expects from us
+    peer_expected: int
+
+
+@dataclass(frozen=True)
+class Established:
+    """Both sides proved the key; the link is open at ``epoch``."""
+
+    peer: int
+    rail: int
+    epoch: int
+    peer_expected: int
+
+
+class _Side:
+    """What both state machines share: an outbox, a reader, a deadline."""
+
+    state: str
+
+    def __init__(self, key: bytes, job: bytes, deadline: float) -> None:
+        if not isinstance(key, (bytes, bytearray)) or not key:
+            raise HandshakeError("a link handshake needs a non-empty key")
+        self.key = bytes(key)
+        self.job = _job(job)
+        self.deadline = deadline
+        self.reader = MessageReader()
+        self._out = bytearray()
+        self.error: Optional[BaseException] = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("established", "failed")
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def want(self) -> int:
+        return 0 if self.done or self.state == "deciding" else self.reader.want()
+
+    def expired(self, now: float) -> bool:
+        return not self.done and now > self.deadline
+
+    def _fail(self, exc: BaseException, reject: Optional[Reject] = None) -> BaseException:
+        self.state = "failed"
+        self.error = exc
+        if reject is not None:
+            self._out += REJECT.pack(MAGIC, VERSION, Msg.REJECT, int(reject))
+        return exc
+
+    def receive_data(self, data, now: float):
+        """Feed bytes from the wire; returns an event (``Proved``,
+        ``Established``) or None. Raises HandshakeError / AuthError."""
+        if self.state == "failed":
+            raise HandshakeError("handshake already failed")
+        if now > self.deadline:
+            raise self._fail(HandshakeError("handshake deadline passed"))
+        if self.done or self.state == "deciding":
+            if len(data):
+                raise self._fail(HandshakeError(f"{len(data)} bytes after the handshake message"))
+            return None
+        pos, event = 0, None
+        try:
+            while pos < len(data):
+                if self.done or self.state == "deciding":
+                    raise HandshakeError(f"{len(data) - pos} bytes after the handshake message")
+                pos, msg = self.reader.feed(data, pos)
+                if msg is not None:
+                    event = self._on_message(*msg) or event
+        except HandshakeError as exc:
+            if self.state != "failed":
+                self._fail(exc)
+            raise
+        return event
+
+    def _on_message(self, kind: Msg, raw: bytes):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class DialerHandshake(_Side):
+    """The connecting side. Send ``data_to_send()`` at once (the HELLO), then
+    feed what arrives until ``Established``."""
+
+    def __init__(self, key: bytes, job: bytes, src: int, dst: int, rail: int, epoch: int, expected: int,
+                 deadline: float, nonce: Optional[bytes] = None) -> None:
+        super().__init__(key, job, deadline)
+        for name, value, top in (("rank", src, _U32), ("rank", dst, _U32), ("rail", rail, _U32),
+                                 ("epoch", epoch, _U32), ("expected", expected, _U64)):
+            if not 0 <= value <= top:
+                raise HandshakeError(f"{name} {value} does not fit the handshake")
+        self.hello = Hello(src, dst, rail, epoch, expected, self.job,
+                           nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE))
+        self.nonce_a = b""
+        self._out += self.hello.pack()
+        self.state = "challenge"
+        self.reader.allowed = (Msg.CHALLENGE, Msg.REJECT)
+
+    def _on_message(self, kind: Msg, raw: bytes):
+        h = self.hello
+        if kind is Msg.REJECT:
+            reason = REJECT.unpack(raw)[3]
+            if reason == Reject.BAD_PROOF:
+                raise self._fail(AuthError(f"rank {h.dst} rejected our key proof on rail {h.rail}: the ranks "
+                                           f"hold different keys (LINKESCAPE_AUTH_KEY)", peer=h.dst, rail=h.rail))
+            why = Reject(reason).name if reason in Reject._value2member_map_ else str(reason)
+            raise self._fail(HandshakeError(f"rank {h.dst} refused the link on rail {h.rail}: {why}"))
+        if kind is Msg.CHALLENGE:
+            self.nonce_a = CHALLENGE.unpack(raw)[3]
+            mac = proof(self.key, b"dial", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch,
+                        h.expected)
+            self._out += PROOF.pack(MAGIC, VERSION, Msg.PROOF, mac)
+            self.state = "accept"
+            self.reader.allowed = (Msg.ACCEPT, Msg.REJECT)
+            return None
+        _m, _v, _t, epoch, expected, mac = ACCEPT.unpack(raw)
+        want = proof(self.key, b"accept", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch, expected)
+        if not hmac.compare_digest(mac, want):
+            raise self._fail(AuthError(f"rank {h.dst} on rail {h.rail} answered without proving the key",
+                                       peer=h.dst, rail=h.rail))
+        if epoch != h.epoch:
+            raise self._fail(HandshakeError(f"rank {h.dst} accepted epoch {epoch}, not {h.epoch}"))
+        self.state = "established"
+        return Established(h.dst, h.rail, h.epoch, expected)
+
+
+class AcceptorHandshake(_Side):
+    """The accepting side of one connection. Feed what arrives; after
+    ``Proved`` call ``admit(expected)`` or ``refuse(why)`` and send
+    ``data_to_send()``. ``rank``: this rank; only higher ranks may dial."""
+
+    def __init__(self, key: bytes, job: bytes, rank: int, world_size: int, rails: int, deadline: float,
+                 nonce: Optional[bytes] = None) -> None:
+        super().__init__(key, job, deadline)
+        self.rank = rank
+        self.world_size = world_size
+        self.rails = rails
+        self.nonce_a = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
+        self.hello: Optional[Hello] = None
+        self.state = "hello"
+        self.reader.allowed = (Msg.HELLO,)
+
+    @property
+    def progress(self) -> int:
+        """How far this handshake got (0: no HELLO yet, 1: HELLO, 2: proved):
+        under a flood the least advanced make room first."""
+        return {"hello": 0, "proof": 1}.get(self.state, 2)
+
+    def _on_message(self, kind: Msg, raw: bytes):
+        if kind is Msg.HELLO:
+            hello = Hello.unpack(raw)
+            try:
+                hello.check(job=self.job, dst=self.rank, world_size=self.world_size, rails=self.rails)
+                if hello.src <= self.rank:
+                    raise HandshakeError(f"rank {hello.src} must not dial lower rank {self.rank}")
+            except HandshakeError as exc:
+                raise self._fail(exc, Reject.BAD_HELLO)
+            self.hello = hello
+            self._out += CHALLENGE.pack(MAGIC, VERSION, Msg.CHALLENGE, self.nonce_a)
+            self.state = "proof"
+            self.reader.allowed = (Msg.PROOF,)
+            return None
+        h = self.hello
+        mac = PROOF.unpack(raw)[3]
+        want = proof(self.key, b"dial", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch, h.expected)
+        if not hmac.compare_digest(mac, want):
+            raise self._fail(AuthError(f"a connection claiming rank {h.src} on rail {h.rail} failed the key proof",
+                                       peer=h.src, rail=h.rail), Reject.BAD_PROOF)
+        self.state = "deciding"
+        return Proved(h.src, h.rail, h.epoch, h.expected)
+
+    def admit(self, expected: int) -> Established:
+        """Accept the proved dialer: queue our proof and ``expected``."""
+        if self.state != "deciding":
+            raise HandshakeError(f"admit in state {self.state}")
+        if not 0 <= expected <= _U64:
+            raise HandshakeError(f"expected {expected} does not fit the handshake")
+        h = self.hello
+        mac = proof(self.key, b"accept", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch, expected)
+        self._out += ACCEPT.pack(MAGIC, VERSION, Msg.ACCEPT, h.epoch, expected, mac)
+        self.state = "established"
+        return Established(h.src, h.rail, h.epoch, h.expected)
+
+    def refuse(self, why: str) -> HandshakeError:
+        """Turn down a proved dialer (stale epoch, rail down): queue REJECT."""
+        return self._fail(HandshakeError(why), Reject.REFUSED)  # type: ignore[return-value]
+
+
+class LinkAuth:
+    """The key, the job and this rank's place in it: makes the handshakes of
+    this rank's links."""
+
+    def __init__(self, key: bytes, job: bytes, rank: int, world_size: int, rails: int) -> None:
+        if not key:
+            raise HandshakeError("a link handshake needs a non-empty key")
+        self.key = bytes(key)
+        self.job = _job(job)
+        self.rank = rank
+        self.world_size = world_size
+        self.rails = rails
+
+    def __repr__(self) -> str:  # never the key
+        return f"LinkAuth(rank={self.rank}, world_size={self.world_size}, rails={self.rails})"
+
+    def dialer(self, peer: int, rail: int, epoch: int, expected: int, deadline: float) -> DialerHandshake:
+        return DialerHandshake(self.key, self.job, self.rank, peer, rail, epoch, expected, deadline)
+
+    def acceptor(self, deadline: float) -> AcceptorHandshake:
+        return AcceptorHandshake(self.key, self.job, self.rank, self.world_size, self.rails, deadline)
+
+
+def decode_messages(data, allowed=tuple(Msg)) -> List[Tuple[Msg, bytes]]:
+    """Split bytes into whole handshake messages (the fuzzers' entry point);
+    raises HandshakeError at the first malformed one."""
+    reader = MessageReader()
+    reader.allowed = tuple(allowed)
+    out, pos = [], 0
+    while pos < len(data):
+        pos, msg = reader.feed(data, pos)
+        if msg is not None:
+            kind, raw = msg
+            if kind is Msg.HELLO:
+                Hello.unpack(raw)
+            out.append(msg)
+    return out
+
+
+__all__ = ["MAGIC", "VERSION", "HELLO", "HELLO_SIZE", "Hello", "Msg", "Reject", "proof", "MessageReader",
+           "Proved", "Established", "DialerHandshake", "AcceptorHandshake", "LinkAuth", "decode_messages"]

@@ -1,0 +1,303 @@
+"""Accepting links without ever blocking: every incoming connection runs its
+handshake side by side with the others, each with a deadline, and at most
+``max_pending_handshakes`` at once.
+
+- ``poll(admit)`` accepts what waits on the listeners, advances every
+  handshake with the bytes that arrived, closes the failed and the late ones,
+  and returns the links whose dialer proved the key and that ``admit``
+  accepted. It never waits on the network: a stranger who sends one byte a
+  second costs one read per byte, and the job's own re-dials go through
+  beside it.
+- A new connection always gets a slot; when the slots are full the least
+  advanced handshake (no HELLO yet before a HELLO without proof, the oldest
+  first) makes room. A re-dial sends its HELLO and its proof as soon as it can,
+  so floods of connections that connect and close, or stall, go first.
+- ``fileno()`` (an epoll descriptor, which a select/poll loop can wait on) is
+  readable when there is work: a connection, bytes, or a deadline that passed
+  (a timerfd), so a loop that waits on it reaps stalled handshakes in time.
+- Every connection that ends without a link is closed and counted
+  (``rejected``), and logged at most once per ``LOG_INTERVAL`` (with a count).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import socket
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+
+from ..config import Config
+from ..errors import AuthError, HandshakeError
+from ..protocol.handshake import AcceptorHandshake, LinkAuth, Proved
+from . import tcp
+
+log = logging.getLogger("linkescape.transport")
+
+LOG_INTERVAL = 10.0
+#: connections taken from one listener per poll, so one flood cannot keep the
+#: others (and the handshakes in progress) waiting
+ACCEPT_BURST = 64
+
+#: admit(peer, rail, epoch) -> the next DATA seq we expect from that peer;
+#: raises HandshakeError to turn the (authenticated) dialer down
+Admit = Callable[[int, int, int], int]
+
+
+class Accepted(NamedTuple):
+    sock: socket.socket
+    peer: int
+    rail: int
+    epoch: int
+    #: the next DATA seq the dialer expects from us
+    peer_expected: int
+    addr: tuple
+
+
+class _Timer:
+    """A timerfd (Python < 3.13 has no os.timerfd_create): makes the epoll
+    descriptor readable when the earliest handshake deadline passes."""
+
+    class _Spec(ctypes.Structure):
+        _fields_ = [("interval_s", ctypes.c_long), ("interval_ns", ctypes.c_long),
+                    ("value_s", ctypes.c_long), ("value_ns", ctypes.c_long)]
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        fd = self._libc.timerfd_create(1, os.O_NONBLOCK | os.O_CLOEXEC)  # CLOCK_MONOTONIC
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self.fd = fd
+        self.armed: Optional[float] = None
+
+    def arm(self, delay: Optional[float]) -> None:
+        if delay is not None:
+            delay = max(delay, 1e-6)
+        if delay == self.armed:
+            return
+        spec = self._Spec(0, 0, 0, 0)
+        if delay is not None:
+            spec.value_s = int(delay)
+            spec.value_ns = max(int((delay - int(delay)) * 1e9), 1 if not int(delay) else 0)
+        self._libc.timerfd_settime(self.fd, 0, ctypes.byref(spec), None)
+        self.armed = delay
+
+    def clear(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except OSError:
+            pass
+        self.armed = None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Pending:
+    __slots__ = ("sock", "addr", "hs", "out", "started")
+
+    def __init__(self, sock: socket.socket, addr, hs: AcceptorHandshake, started: float) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.hs = hs
+        self.out = b""
+        self.started = started
+
+
+class Acceptor:
+    def __init__(self, listeners: Sequence[socket.socket], auth: LinkAuth, config: Config,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.listeners = {l.fileno(): l for l in listeners}
+        self.auth = auth
+        self.config = config
+        self.clock = clock
+        self.timeout = config.handshake_timeout
+        self.limit = config.max_pending_handshakes
+        self.pending: Dict[int, _Pending] = {}
+        #: connections closed without a link, in total and by reason
+        self.rejected = 0
+        self.rejected_by: Dict[str, int] = {}
+        #: claimed ranks whose key proof failed (for start-up diagnostics)
+        self.auth_failures: Dict[int, int] = {}
+        self._epoll = select.epoll()
+        for fd in self.listeners:
+            self._epoll.register(fd, select.EPOLLIN)
+        try:
+            self._timer: Optional[_Timer] = _Timer()
+            self._epoll.register(self._timer.fd, select.EPOLLIN)
+        except (OSError, AttributeError):  # no timerfd: deadlines are checked on the next poll
+            self._timer = None
+        self._log_at = -LOG_INTERVAL
+        self._log_quiet = 0
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self._epoll.fileno()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` for work (for a thread that does only this)."""
+        try:
+            return bool(self._epoll.poll(max(timeout, 0.0), 1))
+        except InterruptedError:
+            return False
+
+    # ------------------------------------------------------------ the step
+    def poll(self, admit: Admit) -> List[Accepted]:
+        """One non-blocking step; returns the links to hand to the engine."""
+        out: List[Accepted] = []
+        if self.closed:
+            return out
+        for fd, mask in self._epoll.poll(0):
+            if fd in self.listeners:
+                self._accept_burst(self.listeners[fd], admit, out)
+            elif self._timer is not None and fd == self._timer.fd:
+                self._timer.clear()
+            else:
+                p = self.pending.get(fd)
+                if p is not None:
+                    self._step(p, admit, out, writable=bool(mask & select.EPOLLOUT))
+        self._expire()
+        self._arm()
+        return out
+
+    def _accept_burst(self, lsock: socket.socket, admit: Admit, out: List[Accepted]) -> None:
+        for _ in range(ACCEPT_BURST):
+            try:
+                conn, addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: the ones pending go first
+                log.warning("rank %d: accept failed: %s", self.auth.rank, exc)
+                self._evict()
+                return
+            conn.setblocking(False)
+            if len(self.pending) >= self.limit:
+                self._evict()
+            now = self.clock()
+            p = _Pending(conn, addr, self.auth.acceptor(now + self.timeout), now)
+            self.pending[conn.fileno()] = p
+            self._epoll.register(conn.fileno(), select.EPOLLIN)
+            # A real dialer's HELLO is usually here already: read it now, so
+            # that it counts as advanced if a flood follows.
+            self._step(p, admit, out, writable=False)
+
+    def _step(self, p: _Pending, admit: Admit, out: List[Accepted], writable: bool) -> None:
+        hs = p.hs
+        try:
+            if writable or p.out:
+                self._flush(p)
+            while not hs.done and hs.want() and not p.out:
+                try:
+                    data = p.sock.recv(hs.want())
+                except (BlockingIOError, InterruptedError):
+                    break
+                if not data:
+                    raise ConnectionResetError("closed by the other side")
+                event = hs.receive_data(data, self.clock())
+                if isinstance(event, Proved):
+                    self._decide(p, event, admit)
+                p.out += hs.data_to_send()
+                self._flush(p)
+            if hs.state == "established" and not p.out:
+                self._finish(p, out)
+        except (HandshakeError, OSError) as exc:
+            self._reject(p, exc)
+
+    def _decide(self, p: _Pending, event: Proved, admit: Admit) -> None:
+        try:
+            expected = admit(event.peer, event.rail, event.epoch)
+        except HandshakeError as exc:
+            p.hs.refuse(str(exc))
+            p.out += p.hs.data_to_send()
+            self._flush(p)
+            raise
+        p.hs.admit(expected)
+
+    def _flush(self, p: _Pending) -> None:
+        if p.out:
+            n = p.sock.send(p.out)
+            p.out = p.out[n:]
+        self._epoll.modify(p.sock.fileno(), select.EPOLLIN | (select.EPOLLOUT if p.out else 0))
+
+    def _finish(self, p: _Pending, out: List[Accepted]) -> None:
+        fd = p.sock.fileno()
+        self._epoll.unregister(fd)
+        del self.pending[fd]
+        tcp.tune(p.sock, self.config)
+        h = p.hs.hello
+        out.append(Accepted(p.sock, h.src, h.rail, h.epoch, h.expected, p.addr))
+
+    # ------------------------------------------------------------ endings
+    def _reject(self, p: _Pending, exc: BaseException, reason: Optional[str] = None) -> None:
+        fd = p.sock.fileno()
+        if self.pending.pop(fd, None) is None:
+            return
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        if p.hs.state == "failed" and not p.out:  # best effort: tell the dialer why
+            rest = p.hs.data_to_send()
+            if rest:
+                try:
+                    p.sock.send(rest)
+                except OSError:
+                    pass
+        p.sock.close()
+        if reason is None:
+            reason = ("auth" if isinstance(exc, AuthError) else "handshake" if isinstance(exc, HandshakeError)
+                      else "closed")
+        if isinstance(exc, AuthError) and exc.peer is not None:
+            self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
+        self.rejected += 1
+        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1
+        self._log(p, reason, exc)
+
+    def _log(self, p: _Pending, reason: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._log_at < LOG_INTERVAL:
+            self._log_quiet += 1
+            return
+        more = f" ({self._log_quiet} more since the last report)" if self._log_quiet else ""
+        log.warning("rank %d: rejected a connection from %s:%s (%s: %s)%s; %d rejected in all",
+                    self.auth.rank, p.addr[0] if p.addr else "?", p.addr[1] if p.addr else "?", reason, exc, more,
+                    self.rejected)
+        self._log_at = now
+        self._log_quiet = 0
+
+    def _evict(self) -> None:
+        if not self.pending:
+            return
+        victim = min(self.pending.values(), key=lambda q: (q.hs.progress, q.started))
+        self._reject(victim, HandshakeError(f"{self.limit} handshakes pending: the least advanced made room"),
+                     reason="evicted")
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for p in [q for q in self.pending.values() if q.hs.expired(now)]:
+            self._reject(p, HandshakeError(f"no handshake within {self.timeout:.3g}s"), reason="timeout")
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            return
+        if not self.pending:
+            self._timer.arm(None)
+            return
+        first = min(p.hs.deadline for p in self.pending.values())
+        self._timer.arm(first - self.clock() + 1e-3)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for p in list(self.pending.values()):
+            p.sock.close()
+        self.pending.clear()
+        self._epoll.close()
+        if self._timer is not None:
+            self._timer.close()
+
+
+__all__ = ["Acceptor", "Accepted", "Admit", "LOG_INTERVAL"]
