@@ -126,12 +126,26 @@ def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 
 
 # ---------------------------------------------------------------- rooted
-def broadcast(comm, rank: int, tensors: List[torch.Tensor], root: int) -> Plan:
+def broadcast(comm, rank: int, tensors: List[torch.Tensor], root: int, root_tensor: int = 0) -> Plan:
+    """The root's ``tensors[root_tensor]`` into every tensor of every rank
+    (several tensors: as Gloo, one broadcast, then local copies)."""
     _dense(tensors, "broadcast")
+    if not 0 <= root_tensor < len(tensors):
+        raise UsageError(f"broadcast: rootTensor {root_tensor} is not an index of the {len(tensors)} tensors")
+    if len(tensors) > 1:
+        _same(tensors, "broadcast")
     plan = Plan(tensors)
-    for t in tensors:
-        arr = plan.read(t) if rank == root else plan.write(t)
-        plan.issue(lambda arr=arr: comm.broadcast(arr, root, async_op=True))
+    src = tensors[root_tensor]
+    arr = plan.read(src) if rank == root else plan.write(src)
+    plan.issue(lambda: comm.broadcast(arr, root, async_op=True))
+    others = [t for i, t in enumerate(tensors) if i != root_tensor]
+    if others:
+        def copy_out() -> None:
+            with torch.no_grad():
+                for t in others:
+                    t.copy_(src)
+            convert.sync_devices(others)
+        plan.then(copy_out)
     return plan
 
 

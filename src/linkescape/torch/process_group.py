@@ -309,7 +309,8 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         """``broadcast(tensors, opts)``, ``broadcast(tensor, root, timeout=)``."""
         ts = args.tensor_list(tensors if tensors is not None else tensor, "broadcast")
         r = self._root(args.root_of(opts, root))
-        return self._start("broadcast", lambda: collectives.broadcast(self._comm, self._le_rank, ts, r))
+        first = int(getattr(opts, "rootTensor", 0) or 0)
+        return self._start("broadcast", lambda: collectives.broadcast(self._comm, self._le_rank, ts, r, first))
 
     def reduce(self, tensors=None, opts=None, op=None, timeout=None, *, tensor=None, root=None) -> LinkEscapeWork:
         """``reduce(tensors, opts)``, ``reduce(tensor, root, op=, timeout=)``."""
