@@ -1,0 +1,19 @@
+"""One fault schedule for the demo, the failover benchmark and the chaos soak.
+
+* :mod:`.schedule`: a plan of timed faults and repairs, random (seeded) or
+  scripted, overlapping allowed; when the cluster has a path left.
+* :mod:`.injectors`: one interface that makes the faults, two implementations:
+  on a testbed (real: carrier cut, nftables blackhole and lossy) and emulated
+  (``Communicator.inject_fault`` inside the ranks).
+* :mod:`.runner`: plays a schedule through an injector and records when each
+  change really took effect.
+"""
+
+from .injectors import EmulatedInjector, Injector, TestbedInjector
+from .runner import ScheduleRunner
+from .schedule import (DOWN_MODES, ISOLATE_BOUND, KINDS, MECHANISMS, Fault, Schedule, ScheduleError, Step,
+                       UnsupportedFault, path_timeline, random_schedule, scripted)
+
+__all__ = ["Fault", "Schedule", "Step", "ScheduleError", "UnsupportedFault", "random_schedule", "scripted",
+           "path_timeline", "Injector", "TestbedInjector", "EmulatedInjector", "ScheduleRunner", "KINDS",
+           "MECHANISMS", "DOWN_MODES", "ISOLATE_BOUND"]
