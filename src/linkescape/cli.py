@@ -17,7 +17,8 @@ def _register() -> None:
     import importlib
     import sys
 
-    for module, names in ((".bench.cli", ("bench",)), (".testbed.cli", ("testbed", "fault")), (".demo", ("demo",))):
+    for module, names in ((".bench.cli", ("bench",)), (".testbed.cli", ("testbed", "fault")), (".demo", ("demo",)),
+                          (".tools.cli", ("status", "trace", "report", "cost", "simulate"))):
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError as exc:  # pragma: no cover - only while a part is missing

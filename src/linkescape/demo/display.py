@@ -8,7 +8,7 @@ import time
 from typing import Any, List, Optional
 
 from .controller import LiveState
-from .report import fault_timing
+from ..tools.timeline import fault_timing
 
 
 def _fmt_ms(v: Optional[float]) -> str:

@@ -13,72 +13,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-DETECT_EVENTS = ("link_down", "failover")
-#: an event more than this long after a fault is not counted as its detection
-DETECT_WINDOW = 10.0
+from ..tools.timeline import DETECT_EVENTS, DETECT_WINDOW, draw_timeline, fault_timing, related  # noqa: F401 - re-exported
 
 
 # ------------------------------------------------------------------ events
-def _get(f: Any, name: str):
-    return f.get(name) if isinstance(f, dict) else getattr(f, name)
-
-
-def related(ev: Dict[str, Any], host: int, rail: int) -> bool:
-    """Is this event about (host, rail): the host's own links on the rail, or its peers' links to it?"""
-    if ev.get("rank") != host and ev.get("peer") != host:
-        return False
-    kind = ev.get("event")
-    if kind == "failover":
-        return ev.get("from_rail") == rail
-    if kind == "failback":
-        return ev.get("rail") == rail
-    if kind in ("link_down", "link_up"):
-        return ev.get("rail") == rail
-    return kind in ("no_path", "peer_lost")
-
-
-def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[float] = None) -> Dict[str, Any]:
-    """Detection (fault -> first link_down/failover on any rank) and recovery
-    (repair -> failback) of one fault, from the ranks' events."""
-    host, rail = _get(fault, "host"), _get(fault, "rail")
-    issued, ts = _get(fault, "issued"), _get(fault, "ts")
-    r_issued, restored = _get(fault, "restore_issued"), _get(fault, "restored")
-    out: Dict[str, Any] = {"detection_ms": None, "detection_raw_ms": None, "detected_by": None,
-                           "recovery_ms": None, "recovered_by": None, "all_back_ms": None, "link_downs": 0,
-                           "failovers": 0, "failbacks": 0, "no_path": 0, "peer_lost": 0}
-    if ts is None:
-        return out
-    start = issued if issued is not None else ts
-    end = until if until is not None else float("inf")
-    mine = sorted((e for e in events if related(e, host, rail) and start <= e.get("ts", 0.0) < end),
-                  key=lambda e: e["ts"])
-    for e in mine:
-        key = {"link_down": "link_downs", "failover": "failovers", "failback": "failbacks"}.get(e["event"],
-                                                                                               e["event"])
-        if key in out:
-            out[key] += 1
-    det = next((e for e in mine if e["event"] in DETECT_EVENTS and e["ts"] - ts <= DETECT_WINDOW), None)
-    if det is not None:
-        # A carrier event can be stamped before the command that applied the
-        # fault has returned (ts is taken after it): detection is then < 1 ms.
-        out["detection_raw_ms"] = (det["ts"] - ts) * 1000.0
-        out["detection_ms"] = max(0.0, out["detection_raw_ms"])
-        out["detected_by"] = {k: det.get(k) for k in ("ts", "rank", "event", "peer", "rail", "cause")}
-    if restored is not None:
-        back = [e for e in mine if e["event"] == "failback" and e["ts"] >= (r_issued or restored)]
-        if back:
-            out["recovery_ms"] = max(0.0, (back[0]["ts"] - restored) * 1000.0)
-            out["recovered_by"] = {k: back[0].get(k) for k in ("ts", "rank", "event", "peer", "rail")}
-            # every pair that moved away is back: the last failback of that burst
-            moved = {(e["rank"], e["peer"]) for e in mine if e["event"] == "failover"}
-            last = {}
-            for e in back:
-                last[(e["rank"], e["peer"])] = e["ts"]
-            if moved and moved <= set(last):
-                out["all_back_ms"] = max(0.0, (max(last[p] for p in moved) - restored) * 1000.0)
-    return out
-
-
 def read_events(run_dir: str) -> List[Dict[str, Any]]:
     from ..events import read_events as _read
 
@@ -396,93 +334,46 @@ def to_markdown(rep: Dict[str, Any]) -> str:
 # ------------------------------------------------------------------ timeline picture
 def plot_timeline(path: str, rep: Dict[str, Any], run) -> Optional[str]:
     """Throughput per host and rail over time, faults marked; the loss curve on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     starts, steps = read_steps(run.dir)
     t0 = starts[0]["start"] if starts else (run.samples[0][0] if run.samples else time.time())
     hosts = (rep.get("testbed") or {}).get("hosts") or (len(run.samples[0][1]) if run.samples else 1)
     rails = (rep.get("testbed") or {}).get("rails") or 2
-    fig, axes = plt.subplots(hosts + 1, 1, figsize=(12, 2.0 + 1.7 * hosts), sharex=True,
-                             gridspec_kw={"height_ratios": [1.2] + [1] * hosts})
-    ax0 = axes[0]
-    if steps:
-        ax0.plot([s["t"] - t0 for s in steps], [s["loss"] for s in steps], color="black", lw=1.2,
-                 label="loss (faulty run)")
     ref_note = ""
     if rep.get("bit_identical") is not None:
         ref_note = ("  |  bit-identical to the fault-free run" if rep["bit_identical"]
                     else "  |  NOT bit-identical to the fault-free run")
-    ax0.set_ylabel("loss")
     mode = "EMULATED faults (loopback)" if rep.get("emulated") else (
         f"testbed, {rails} rails x {(rep.get('testbed') or {}).get('rate') or 'unshaped'}")
-    ax0.set_title(f"linkescape demo: {mode}  |  steps lost: {rep.get('steps_lost')}{ref_note}", fontsize=11)
-    ax0.legend(loc="upper right", fontsize=8)
-    ax0.grid(alpha=0.3)
-
-    colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
     samples = run.samples
     unit = "Mbit/s sent" if rep.get("emulated") else "Mbit/s tx"
-    if len(samples) >= 2:
-        ts = [s[0] for s in samples]
-        for h in range(hosts):
-            ax = axes[h + 1]
-            for r in range(rails):
-                xs, ys = [], []
-                k = 4  # ~200 ms window
-                for i in range(k, len(samples)):
-                    dt = ts[i] - ts[i - k]
-                    if dt <= 0:
-                        continue
-                    db = samples[i][1][h][r] - samples[i - k][1][h][r]
-                    v = max(0.0, db / dt)
-                    ys.append(v * 8 / 1e6)
-                    xs.append((ts[i] + ts[i - k]) / 2 - t0)
-                ax.plot(xs, ys, color=colors[r % len(colors)], lw=1.0, label=f"rail {r} (r{r})")
-            ax.set_ylabel(f"h{h}\n{unit}", fontsize=8)
-            ax.grid(alpha=0.3)
-            ax.set_ylim(bottom=0)
-            if h == 0:
-                ax.legend(loc="upper right", fontsize=8, ncol=rails)
-    fault_colors = {"cut": "red", "blackhole": "purple", "flap": "darkorange"}
+    lanes = []
+    ts = [s[0] for s in samples]
+    for h in range(hosts):
+        series = []
+        for r in range(rails):
+            xs, ys = [], []
+            k = 4  # ~200 ms window
+            for i in range(k, len(samples)) if len(samples) >= 2 else ():
+                dt = ts[i] - ts[i - k]
+                if dt <= 0:
+                    continue
+                db = samples[i][1][h][r] - samples[i - k][1][h][r]
+                ys.append(max(0.0, db / dt) * 8 / 1e6)
+                xs.append((ts[i] + ts[i - k]) / 2 - t0)
+            series.append((f"rail {r} (r{r})", xs, ys))
+        lanes.append({"label": f"h{h}", "ylabel": f"h{h}\n{unit}", "series": series})
+    faults = []
     for f in rep.get("faults", []):
-        if f.get("at_s") is None:
-            continue
-        c = fault_colors.get(f["kind"], "red")
-        a = f["at_s"]
-        b = f.get("restored_at_s") if f.get("restored_at_s") is not None else a
-        for ax in axes:
-            ax.axvline(a, color=c, ls="--", lw=0.9)
-            if f.get("restored_at_s") is not None:
-                ax.axvline(b, color="green", ls=":", lw=0.9)
-        host_ax = axes[f["host"] + 1] if f["host"] + 1 < len(axes) else None
-        if host_ax is not None:
-            if f["kind"] == "flap":
-                downs = [t for t, s in f["transitions"] if s == "down"]
-                ups = [t for t, s in f["transitions"] if s == "up"]
-                for d, u in zip(downs, ups):
-                    host_ax.axvspan(d - t0, u - t0, color=c, alpha=0.25, lw=0)
-            else:
-                host_ax.axvspan(a, b, color=c, alpha=0.15, lw=0)
-            det = f.get("detection_ms")
-            rec = f.get("recovery_ms")
-            txt = (f"{f['kind']} r{f['rail']}\ndetect {_ms(det)}\nback {_ms(rec)}")
-            host_ax.text(a, 0.97, " " + txt.replace("\n", "\n "), transform=host_ax.get_xaxis_transform(),
-                         va="top", ha="left", fontsize=7, color=c,
-                         bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
-        ax0.text(a, 0.97, f" {f['kind']} h{f['host']} r{f['rail']}", transform=ax0.get_xaxis_transform(),
-                 va="top", ha="left", fontsize=8, color=c)
+        faults.append({**f, "transitions": [(t - t0, s) for t, s in f.get("transitions") or []]})
     t_end = steps[-1]["t"] - t0 if steps else (samples[-1][0] - t0 if samples else 1.0)
-    axes[-1].set_xlim(-0.5, t_end + 0.5)
     source = ("bytes the library wrote per rail (loopback has no NIC per rail)" if rep.get("emulated")
               else "tx_bytes of every host NIC, sampled every 50 ms")
-    axes[-1].set_xlabel(f"seconds since training start (dashed: fault, dotted green: repair); traffic: {source}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    top = {"xs": [s["t"] - t0 for s in steps], "ys": [s["loss"] for s in steps], "label": "loss (faulty run)",
+           "ylabel": "loss"}
+    return draw_timeline(path, lanes, faults, top=top, t_end=t_end,
+                         title=f"linkescape demo: {mode}  |  steps lost: {rep.get('steps_lost')}{ref_note}",
+                         xlabel=f"seconds since training start (dashed: fault, dotted green: repair); "
+                                f"traffic: {source}")
 
 
 def write_report(rep: Dict[str, Any], out_dir: str) -> Tuple[str, str]:
