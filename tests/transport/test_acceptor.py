@@ -1,0 +1,310 @@
+"""The non-blocking acceptor on real loopback sockets: authenticated dials get
+through; strangers, floods, stalls and replays get nothing and are counted."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from linkescape.config import Config
+from linkescape.errors import AuthError, HandshakeError
+from linkescape.protocol.handshake import CHALLENGE, REJECT, LinkAuth, Msg, Reject
+from linkescape.transport import tcp
+from linkescape.transport.acceptor import Acceptor
+
+KEY = b"acceptor-test-key-0123456789abcd"
+JOB = b"00112233445566778899aabbccddeeff"
+
+
+class Harness:
+    """Rank 0 of a 3-rank job, accepting on one loopback listener. Its thread
+    waits on the acceptor's descriptor only, as recovery's thread does: stalled
+    handshakes must be reaped by the acceptor's own timer."""
+
+    def __init__(self, **config) -> None:
+        self.config = Config(**{"handshake_timeout": 2.0, **config})
+        self.listener = tcp.listen("127.0.0.1")
+        self.addr = self.listener.getsockname()
+        self.acceptor = Acceptor([self.listener], LinkAuth(KEY, JOB, 0, 3, 1), self.config)
+        self.epochs = {}
+        self.links = []
+        self.refuse = False
+        self.max_pending = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def admit(self, peer, rail, epoch):
+        if self.refuse:
+            raise HandshakeError("not now")
+        last = self.epochs.get((peer, rail), 1)
+        if epoch <= last:
+            raise HandshakeError(f"stale epoch {epoch}")
+        self.epochs[(peer, rail)] = epoch
+        return 42
+
+    def _run(self):
+        while not self.stop.is_set():
+            ready, _, _ = select.select([self.acceptor], [], [], 0.2)
+            if ready:
+                self.links += self.acceptor.poll(self.admit)
+                self.max_pending = max(self.max_pending, len(self.acceptor.pending))
+
+    def dial(self, epoch, key=KEY, src=2, timeout=5.0):
+        hs = LinkAuth(key, JOB, src, 3, 1).dialer(0, 0, epoch, 7, time.monotonic() + timeout)
+        return tcp.connect("127.0.0.1", self.addr, hs, self.config, time.monotonic() + timeout)
+
+    def wait_links(self, n, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while len(self.links) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.links
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        for link in self.links:
+            link.sock.close()
+        self.acceptor.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def harness(request):
+    made = []
+
+    def make(**config):
+        h = Harness(**config)
+        made.append(h)
+        return h
+    yield make
+    for h in made:
+        h.close()
+
+
+def _read_all(sock, timeout=10.0):
+    sock.settimeout(timeout)
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_an_authenticated_dial_opens_a_link_both_ways(harness):
+    h = harness()
+    sock, est = h.dial(epoch=2)
+    assert (est.peer, est.rail, est.epoch, est.peer_expected) == (0, 0, 2, 42)
+    [link] = h.wait_links(1)
+    assert (link.peer, link.rail, link.epoch, link.peer_expected) == (2, 0, 2, 7)
+    assert not sock.getblocking() and not link.sock.getblocking()
+    sock.sendall(b"frames follow")
+    link.sock.setblocking(True)
+    assert link.sock.recv(100) == b"frames follow"  # nothing of it was eaten by the handshake
+    sock.close()
+    assert h.acceptor.rejected == 0
+
+
+def test_a_wrong_key_is_an_auth_error_and_is_counted(harness):
+    h = harness()
+    with pytest.raises(AuthError) as err:
+        h.dial(epoch=2, key=b"some other key of the same size!")
+    assert err.value.peer == 0
+    deadline = time.monotonic() + 5
+    while h.acceptor.rejected < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert h.acceptor.rejected_by == {"auth": 1} and h.acceptor.auth_failures == {2: 1}
+    assert h.links == [] and h.epochs == {}  # no epoch moved
+
+
+def test_a_stranger_gets_a_nonce_and_a_rejection_never_a_proof(harness):
+    h = harness()
+    hs = LinkAuth(b"guessed key, not the job's key..", JOB, 2, 3, 1).dialer(0, 0, 1 << 30, 1 << 40,
+                                                                            time.monotonic() + 5)
+    s = socket.create_connection(h.addr)
+    s.sendall(hs.data_to_send())
+    s.settimeout(5)
+    challenge = s.recv(CHALLENGE.size)
+    hs.receive_data(challenge, time.monotonic())
+    s.sendall(hs.data_to_send())
+    rest = _read_all(s)
+    s.close()
+    assert len(challenge) == CHALLENGE.size and REJECT.unpack(rest)[2:] == (Msg.REJECT, Reject.BAD_PROOF)
+    assert h.links == [] and h.epochs == {}
+
+
+def test_a_recorded_handshake_replayed_on_a_new_connection_fails(harness):
+    h = harness()
+    hs = LinkAuth(KEY, JOB, 2, 3, 1).dialer(0, 0, 5, 1, time.monotonic() + 5)
+    s = socket.create_connection(h.addr)
+    hello = hs.data_to_send()
+    s.sendall(hello)
+    s.settimeout(5)
+    hs.receive_data(s.recv(CHALLENGE.size), time.monotonic())
+    proof = hs.data_to_send()
+    s.sendall(proof)
+    s.recv(100)
+    s.close()
+    h.wait_links(1)
+    # the same bytes again, as someone who recorded them would send them
+    r = socket.create_connection(h.addr)
+    r.sendall(hello)
+    r.recv(CHALLENGE.size)
+    r.sendall(proof)
+    rest = _read_all(r)
+    r.close()
+    assert REJECT.unpack(rest)[2:] == (Msg.REJECT, Reject.BAD_PROOF)
+    assert len(h.links) == 1 and h.epochs == {(2, 0): 5}
+
+
+def test_an_authenticated_but_refused_dialer_gets_a_handshake_error(harness):
+    h = harness()
+    h.refuse = True
+    with pytest.raises(HandshakeError) as err:
+        h.dial(epoch=3)
+    assert not isinstance(err.value, AuthError)
+    h.refuse = False
+    h.dial(epoch=3)[0].close()
+
+
+def test_a_silent_connection_is_closed_at_its_deadline(harness):
+    h = harness(handshake_timeout=0.3)
+    s = socket.create_connection(h.addr)
+    assert _read_all(s, timeout=10.0) == b""  # closed by the acceptor, unprompted
+    s.close()
+    assert h.acceptor.rejected_by == {"timeout": 1} and not h.acceptor.pending
+
+
+def test_pending_handshakes_are_bounded_and_a_dial_still_gets_through(harness):
+    h = harness(max_pending_handshakes=8)
+    stalled = [socket.create_connection(h.addr) for _ in range(60)]
+    for s in stalled:
+        s.sendall(b"L")  # a byte, never the rest
+    sock, _ = h.dial(epoch=2)
+    sock.close()
+    deadline = time.monotonic() + 5
+    while h.acceptor.rejected_by.get("evicted", 0) < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert h.max_pending <= 8 and len(h.acceptor.pending) <= 8
+    assert h.acceptor.rejected_by.get("evicted", 0) >= 50
+    for s in stalled:
+        s.close()
+
+
+def _flood(addr, seconds, counter):
+    """connect and close as fast as possible"""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        try:
+            s = socket.create_connection(addr, timeout=1)
+            s.close()
+            n += 1
+        except OSError:
+            pass
+    counter.value = n
+
+
+def _slowloris(addr, conns, seconds):
+    """hold connections open, each sending one byte of a HELLO a second"""
+    socks = []
+    for _ in range(conns):
+        try:
+            socks.append(socket.create_connection(addr, timeout=1))
+        except OSError:
+            pass
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s in list(socks):
+            try:
+                s.send(b"E")
+            except OSError:
+                socks.remove(s)
+                try:
+                    socks.append(socket.create_connection(addr, timeout=1))  # and come back
+                except OSError:
+                    pass
+        time.sleep(1.0)
+    for s in socks:
+        s.close()
+
+
+def test_dials_get_through_floods_and_slow_handshakes(harness):
+    h = harness(max_pending_handshakes=16)
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("i", 0)
+    attackers = [ctx.Process(target=_flood, args=(h.addr, 6.0, counter), daemon=True),
+                 ctx.Process(target=_slowloris, args=(h.addr, 100, 6.0), daemon=True)]
+    for p in attackers:
+        p.start()
+    try:
+        time.sleep(0.5)  # let them get going
+        epoch = 1
+        dialed = 0
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:
+            epoch += 1
+            sock, est = h.dial(epoch=epoch)  # every dial must succeed, no retry
+            assert est.epoch == epoch
+            sock.close()
+            dialed += 1
+    finally:
+        for p in attackers:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert dialed >= 5 and len(h.wait_links(dialed)) == dialed
+    print(f"{dialed} dials through {counter.value} flood connections and 100 slow ones; "
+          f"acceptor rejected {h.acceptor.rejected_by}")
+    assert counter.value > 100 and h.acceptor.rejected > counter.value // 2
+
+
+def test_rejections_are_logged_at_a_limited_rate(harness, caplog):
+    h = harness()
+    with caplog.at_level(logging.WARNING, logger="linkescape.transport"):
+        for _ in range(100):
+            s = socket.create_connection(h.addr)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            _read_all(s)
+            s.close()
+        deadline = time.monotonic() + 5
+        while h.acceptor.rejected < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert h.acceptor.rejected == 100
+    lines = [r for r in caplog.records if "rejected a connection" in r.getMessage()]
+    assert 1 <= len(lines) <= 2
+
+
+def test_dialing_a_closed_port_is_an_os_error():
+    l = tcp.listen("127.0.0.1")
+    addr = l.getsockname()
+    l.close()
+    hs = LinkAuth(KEY, JOB, 2, 3, 1).dialer(0, 0, 1, 1, time.monotonic() + 2)
+    with pytest.raises(OSError):
+        tcp.connect("127.0.0.1", addr, hs, Config(), time.monotonic() + 2)
+
+
+def test_closing_the_acceptor_closes_what_is_pending():
+    l = tcp.listen("127.0.0.1")
+    acc = Acceptor([l], LinkAuth(KEY, JOB, 0, 3, 1), Config())
+    s = socket.create_connection(l.getsockname())
+    deadline = time.monotonic() + 5
+    while not acc.pending and time.monotonic() < deadline:
+        acc.wait(0.1)
+        acc.poll(lambda *a: 1)
+    assert len(acc.pending) == 1
+    acc.close()
+    assert _read_all(s) == b""
+    assert acc.poll(lambda *a: 1) == []
+    s.close()
+    l.close()
