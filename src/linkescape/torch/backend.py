@@ -26,10 +26,26 @@ def _create(opts, pg_options=None):
 
     timeout_s = seconds(getattr(opts, "timeout", None))
     return ProcessGroupLinkEscape(
-        opts.store, opts.group_rank, opts.group_size, opts.timeout,
+        attempt_store(opts.store), opts.group_rank, opts.group_size, opts.timeout,
         group_name=str(getattr(opts, "group_id", "") or ""),
         global_ranks=list(getattr(opts, "global_ranks_in_group", None) or []) or None,
         config=make_config(timeout_s, pg_options))
+
+
+def attempt_store(store):
+    """The store under a namespace of this torchrun attempt: torchrun's
+    static rendezvous keeps one store across ``--max-restarts`` restarts, so
+    the addresses the killed attempt published are still there; the workers
+    of a restart must not read them."""
+    import os
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return store
+    import torch.distributed as dist
+
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return dist.PrefixStore(f"linkescape/{run}/attempt_{attempt}/", store)
 
 
 def is_registered() -> bool:

@@ -88,12 +88,13 @@ def launch(argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = 
 
 
 def torchrun(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = None,
-             timeout: float = 60.0, cwd: Optional[str] = None) -> RankResult:
-    """Run a script under the real ``torchrun`` (one result for the launcher)."""
+             timeout: float = 60.0, cwd: Optional[str] = None, launcher_args: Sequence[str] = ()) -> RankResult:
+    """Run a script under the real ``torchrun`` (one result for the launcher);
+    ``launcher_args`` go to torchrun itself (``--max-restarts=1``)."""
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
     cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            *script_argv]
+            *launcher_args, *script_argv]
     p = subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     return _collect([p], timeout)[0]
