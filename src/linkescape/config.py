@@ -168,8 +168,9 @@ class Config:
     auth_key_file: Optional[str] = None
     #: an incoming connection must finish the link handshake within this long
     handshake_timeout: float = 2.0
-    #: incoming handshakes in progress at once; a new one evicts the least advanced
-    max_pending_handshakes: int = 64
+    #: incoming handshakes in progress at once; a new one evicts the least
+    #: advanced. None: 64, or twice the links this rank accepts if more
+    max_pending_handshakes: Optional[int] = None
     #: frame headers announcing a larger payload are protocol errors
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     extra: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -193,7 +194,7 @@ class Config:
             raise ConfigError("set LINKESCAPE_AUTH_KEY or LINKESCAPE_AUTH_KEY_FILE, not both")
         if self.handshake_timeout <= 0:
             raise ConfigError("handshake_timeout must be positive")
-        if self.max_pending_handshakes < 1:
+        if self.max_pending_handshakes is not None and self.max_pending_handshakes < 1:
             raise ConfigError("max_pending_handshakes must be at least 1")
         if self.chunk_bytes > self.max_frame_bytes:
             raise ConfigError(f"chunk_bytes={self.chunk_bytes} exceeds max_frame_bytes={self.max_frame_bytes}")

@@ -408,3 +408,16 @@ def test_re_dials_get_through_floods_and_slow_handshakes():
         assert res["wrong"] == 0 and res["came_back"] == 4, res
     assert sum(1 for e in results[1]["events"] if e == ("link_up", 0)) >= 4, results[1]["events"]
     assert flooded > 500 and results[0]["rejected"] > flooded // 2
+
+
+def _all_reduce_once(comm):
+    buf = np.full(16, comm.rank + 1, np.float32)
+    comm.all_reduce(buf)
+    return float(buf[0]), comm.snapshot()["rejected_connections"]
+
+
+def test_start_up_completes_with_fewer_handshake_slots_than_dialers():
+    # rank 0 accepts 4 ranks x 2 rails at once with room for 2: the evicted dial again
+    cfg = Config(timeout=60, connect_timeout=60, auth_key=KEY, max_pending_handshakes=2)
+    res = raise_first(run_ranks(5, _all_reduce_once, rails=RAILS, config=cfg, timeout=120))
+    assert [v for v, _ in res] == [15.0] * 5

@@ -37,6 +37,7 @@ from . import tcp
 log = logging.getLogger("linkescape.transport")
 
 LOG_INTERVAL = 10.0
+DEFAULT_PENDING = 64
 #: connections taken from one listener per poll, so one flood cannot keep the
 #: others (and the handshakes in progress) waiting
 ACCEPT_BURST = 64
@@ -114,7 +115,10 @@ class Acceptor:
         self.config = config
         self.clock = clock
         self.timeout = config.handshake_timeout
-        self.limit = config.max_pending_handshakes
+        # Every higher rank dials each rail at start-up at once: room for all
+        # of them (twice), so that the job's own dials never evict each other.
+        self.limit = config.max_pending_handshakes or max(
+            DEFAULT_PENDING, 2 * (auth.world_size - 1 - auth.rank) * auth.rails)
         self.pending: Dict[int, _Pending] = {}
         #: connections closed without a link, in total and by reason
         self.rejected = 0
