@@ -49,6 +49,19 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 _RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[A-Za-z]*$")  # tc parses the unit; no spaces or newlines
 
 
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bps": 8.0, "kbps": 8e3,
+               "mbps": 8e6, "gbps": 8e9, "tbps": 8e12, "kibit": 1024.0, "mibit": 1024.0 ** 2, "gibit": 1024.0 ** 3}
+
+
+def rate_bps(rate: str) -> float:
+    """A tc rate (``1gbit``, ``100mbit``, ``125mbps``) in bits per second."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", rate or "")
+    unit = m.group(2).lower() or "bit" if m else None
+    if not m or unit not in _RATE_UNITS:
+        raise TestbedError(f"rate {rate!r}: expected a tc rate such as 100mbit or 1gbit")
+    return float(m.group(1)) * _RATE_UNITS[unit]
+
+
 def _write_sysctl(path: str, value: str) -> None:
     try:
         with open(path, "w") as f:
@@ -529,5 +542,5 @@ def temporary_testbed(hosts: int = 2, rails: int = 2, rate: Optional[str] = None
 
 
 __all__ = ["Testbed", "TestbedError", "TestbedExists", "LinkState", "down", "find_leftovers",
-           "list_netns", "require_root", "require_nft", "state_path", "DEFAULT_NAME", "unique_name", "make_temporary",
+           "list_netns", "require_root", "require_nft", "state_path", "rate_bps", "DEFAULT_NAME", "unique_name", "make_temporary",
            "release", "temporary_testbed"]

@@ -1,0 +1,362 @@
+"""What a chaos run found: stalls against their bounds, detection latency, false trips.
+
+Definitions (the report repeats them):
+
+* **step**: one unit of the workload on one rank (one op, a burst, a ring, a
+  barrier), from its first call (``t0``) to its last completion (``t1``).
+* **normal time** of a step: the median duration of *quiet* steps of the same
+  class (step kind, operations, size within a factor of 2) -- steps with no
+  fault within 0.5 s and no repair in the 3 s before them -- or the time its
+  bytes take on one rail at the line rate, whichever is longer.
+* **stall** of a step: its duration minus its normal time: how long it was
+  outstanding beyond normal. The *longest stall* is the largest over every
+  rank and step.
+* **bounds** (issue 7), per step, from the cluster's path state while it ran
+  (computed from the faults as really applied, see
+  :func:`~linkescape.faults.schedule.path_timeline`):
+
+  - *path left* (every pair of hosts kept a clean rail): the stall must not
+    exceed 100 ms plus the detection time of every fault that began during the
+    step (or up to one detection time before it): cut/flap by carrier
+    ``CUT_DETECT`` s, blackhole/lossy by silence (silent timeout + one
+    heartbeat + a 10 ms tick). With no fault at all: 100 ms.
+  - *no path* (some pair had no usable rail) or *degraded* (only lossy ones):
+    the step must end at most 1.5 s (+ its normal time, + the detection of
+    faults that began after the path returned) after every pair has a clean
+    rail again. A step that ends while the outage lasts meets its bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..faults.schedule import Schedule, path_timeline
+
+CUT_DETECT = 0.010  # "a few ms" for a carrier loss, with slack for this loaded machine's scheduling
+STALL_SLACK = 0.100  # issue 7: detection time + 100 ms
+NO_PATH_RESUME = 1.5  # issue 7: at most 1.5 s after a path returns
+TICK = 0.010  # the engine's timer tick
+QUIET_BEFORE_REPAIR = 3.0  # failback (hold-down 1 s + re-dial) happens within this after a repair
+DOWN_EVENTS = ("link_down", "failover")
+
+Interval = Tuple[float, float, int, int, str]
+
+
+def detect_time(mechanism: str, silent: float, heartbeat: float) -> float:
+    return CUT_DETECT if mechanism == "cut" else silent + heartbeat + TICK
+
+
+# ------------------------------------------------------------ normal times
+def wire_bytes(kind: str, nbytes: int, world: int) -> float:
+    """Bytes the busiest rank puts on one rail for one op of ``nbytes`` (its largest buffer)."""
+    n = world
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n * nbytes
+    if kind in ("broadcast", "reduce"):
+        return math.ceil(math.log2(n)) * nbytes
+    if kind == "ring":
+        return float(nbytes)
+    return 0.0
+
+
+def _class(rec: Mapping[str, Any]) -> Tuple:
+    total = sum(b for _, _, b in rec["ops"])
+    bucket = int(math.log2(max(total, 1)))
+    names = tuple(sorted(o for o, _, _ in rec["ops"])) if rec["kind"] == "op" else ()
+    return (rec["kind"], names, bucket)
+
+
+class Spans:
+    """Fast "does any interval overlap [a, b]" over many intervals (sorted starts, running max of ends)."""
+
+    def __init__(self, ivs: Iterable[Tuple[float, float]]) -> None:
+        pairs = sorted((float(a), float(b)) for a, b in ivs)
+        self.starts = np.array([a for a, _ in pairs])
+        self.max_end = np.maximum.accumulate(np.array([b for _, b in pairs])) if pairs else np.zeros(0)
+        self.ends = np.sort(np.array([b for _, b in pairs]))
+
+    def overlaps(self, a: float, b: float) -> bool:
+        i = int(np.searchsorted(self.starts, b, side="left"))
+        return i > 0 and self.max_end[i - 1] > a
+
+    def ends_within(self, a: float, b: float) -> bool:
+        i = int(np.searchsorted(self.ends, a, side="left"))
+        return i < len(self.ends) and self.ends[i] <= b
+
+
+def normal_times(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval], world: int,
+                 rate_bps: float) -> Dict[Tuple, float]:
+    """Median duration of quiet steps per class."""
+    spans = Spans((iv[0], iv[1]) for iv in intervals)
+    by_class: Dict[Tuple, List[float]] = {}
+    for recs in steps.values():
+        for rec in recs:
+            t0, t1 = rec["t0"], rec["t1"]
+            if spans.overlaps(t0 - 0.5, t1 + 0.5) or spans.ends_within(t0 - QUIET_BEFORE_REPAIR, t1):
+                continue
+            by_class.setdefault(_class(rec), []).append(t1 - t0)
+    return {c: float(np.median(v)) for c, v in by_class.items() if len(v) >= 3}
+
+
+def normal_of(rec: Mapping[str, Any], normals: Mapping[Tuple, float], world: int, rate_bps: float) -> float:
+    wire = sum(wire_bytes(o, b, world) for o, _, b in rec["ops"]) * 8.0 / rate_bps
+    return max(wire, normals.get(_class(rec), 0.0))
+
+
+# ------------------------------------------------------------ stalls and bounds
+def fault_onsets(runner_log: Sequence[Mapping[str, Any]]) -> List[Tuple[float, str, int]]:
+    """(ts, mechanism, fault id) of every change that took a NIC down or made it lossy."""
+    return sorted((r["ts"], r["mechanism"], r["fault"]) for r in runner_log
+                  if r["action"] == "apply" and r.get("ts") is not None and not r.get("error"))
+
+
+def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval],
+           runner_log: Sequence[Mapping[str, Any]], schedule: Schedule, *, world: int, rate_bps: float,
+           silent: float, heartbeat: float, t_end: float, tcp: Sequence[Sequence[Any]] = ()) -> Dict[str, Any]:
+    """Every step's stall, its condition and bound; the longest stall and every violation."""
+    normals = normal_times(steps, intervals, world, rate_bps)
+    timeline = [p for p in path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end) if p[2] != "clean"]
+    onsets = fault_onsets(runner_log)
+    ctx = _Context(timeline, onsets, Spans((iv[0], iv[1]) for iv in intervals), silent, heartbeat)
+    spans = fault_spans(runner_log)
+    rows: List[Dict[str, Any]] = []
+    for rank, recs in steps.items():
+        for rec in recs:
+            rows.append(_judge(rank, rec, normals, ctx, world, rate_bps))
+    rows.sort(key=lambda r: -r["stall"])
+    for r in rows[:50] + [x for x in rows if x["violation"]][:50]:
+        r["faults"] = labels(schedule, spans, r["t0"], r["t1"])
+        if tcp:
+            r["tcp"] = tcp_between(tcp, r["t0"], r["t1"])
+    by_cond: Dict[str, Dict[str, Any]] = {}
+    for r in rows:
+        c = by_cond.setdefault(r["condition"], {"steps": 0, "violations": 0, "longest_stall_s": 0.0})
+        c["steps"] += 1
+        c["violations"] += int(r["violation"])
+        c["longest_stall_s"] = max(c["longest_stall_s"], r["stall"])
+    viol = [r for r in rows if r["violation"] and judged(r["condition"])]
+    viol.sort(key=lambda r: -(r["stall"] - r["bound"]))
+    base = [r for r in rows if r["condition"] == "no_fault"]
+    judged_rows = [r for r in rows if judged(r["condition"])]
+    return {"longest": judged_rows[0] if judged_rows else None, "baseline_longest": base[0] if base else None,
+            "baseline_over_100ms": sum(1 for r in base if r["violation"]),
+            "violations": viol[:50], "violation_count": len(viol),
+            "by_condition": by_cond, "normals": len(normals), "top": rows[:10],
+            "gaps": _completion_gaps(steps)}
+
+
+class _Context:
+    """The path outages and fault onsets of a run, searchable by time."""
+
+    def __init__(self, timeline, onsets, spans: Spans, silent: float, heartbeat: float) -> None:
+        self.timeline = timeline  # disjoint, sorted (t0, t1, state) that are not clean
+        self.t_starts = np.array([p[0] for p in timeline])
+        self.t_ends = np.array([p[1] for p in timeline])
+        self.on_ts = np.array([o[0] for o in onsets])
+        self.on_det = np.array([detect_time(o[1], silent, heartbeat) for o in onsets])
+        self.spans = spans
+        self.max_det = max([silent + heartbeat + TICK, CUT_DETECT])
+
+    def outages(self, a: float, b: float) -> List[Tuple[float, float, str]]:
+        lo = int(np.searchsorted(self.t_ends, a, side="right"))
+        hi = int(np.searchsorted(self.t_starts, b, side="left"))
+        return self.timeline[lo:hi]
+
+    def detection_in(self, a: float, b: float, lead: bool) -> float:
+        """Sum of the detection times of the faults that began in [a, b] (with ``lead``: up to one
+        detection time before ``a``)."""
+        lo = int(np.searchsorted(self.on_ts, a - (self.max_det if lead else 0.0), side="left"))
+        hi = int(np.searchsorted(self.on_ts, b, side="right"))
+        ts, det = self.on_ts[lo:hi], self.on_det[lo:hi]
+        keep = ts >= (a - det if lead else a)
+        return float(det[keep].sum())
+
+
+def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rate_bps) -> Dict[str, Any]:
+    t0, t1 = rec["t0"], rec["t1"]
+    normal = normal_of(rec, normals, world, rate_bps)
+    stall = max(0.0, (t1 - t0) - normal)
+    row: Dict[str, Any] = {"rank": rank, "k": rec["k"], "kind": rec["kind"], "ops": [o for o, _, _ in rec["ops"]],
+                           "bytes": sum(b for _, _, b in rec["ops"]), "t0": t0, "t1": t1,
+                           "duration": t1 - t0, "normal": normal, "stall": stall, "measured": stall}
+    det = ctx.detection_in(t0, t1, lead=True)
+    bound = STALL_SLACK + det
+    # An outage during the step, or one that ended less than NO_PATH_RESUME before it (the library
+    # may still be re-opening links), allows the step to end up to 1.5 s after the path came back.
+    bad = ctx.outages(t0 - NO_PATH_RESUME, t1)
+    if bad:
+        t_back = max(p[1] for p in bad)
+        worst = "no_path" if any(p[2] == "no_path" for p in bad) else "degraded"
+        if t_back >= t1:
+            row.update(condition=f"during_{worst}", bound=None, violation=False)
+            return row
+        during = any(p[0] < t1 and p[1] > t0 for p in bad)
+        row["path_back"] = t_back
+        row["condition"] = worst if during else f"after_{worst}"
+        bound = max(bound, (t_back - t0) + NO_PATH_RESUME + ctx.detection_in(t_back, t1, lead=False))
+    elif det or ctx.spans.overlaps(t0, t1):
+        row["condition"] = "path_left"
+    elif ctx.spans.ends_within(t0 - QUIET_BEFORE_REPAIR, t1):
+        row["condition"] = "failback"  # a repair in the 3 s before: traffic moves back to the repaired rail
+    else:
+        row["condition"] = "no_fault"
+    row["bound"] = bound
+    row["violation"] = stall > bound
+    return row
+
+
+def tcp_between(tcp: Sequence[Sequence[Any]], a: float, b: float) -> Dict[str, int]:
+    """TCP retransmission counters summed over ranks from the last sample before ``a`` to the first after ``b``."""
+    if not tcp:
+        return {}
+    before = [row for row in tcp if row[0] <= a]
+    after = [row for row in tcp if row[0] >= b]
+    lo = before[-1] if before else tcp[0]
+    hi = after[0] if after else tcp[-1]
+    out: Dict[str, int] = {}
+    for x, y in zip(lo[1], hi[1]):
+        if not x or not y:
+            continue
+        for key in y:
+            out[key] = out.get(key, 0) + y[key] - x.get(key, 0)
+    return out
+
+
+def judged(condition: str) -> bool:
+    """Whether a step of this condition counts for the verdict: every condition a fault made.
+    ``no_fault`` steps (no fault within 0.5 s, no repair in the 3 s before) are the baseline."""
+    return condition != "no_fault"
+
+
+def fault_spans(runner_log: Sequence[Mapping[str, Any]]) -> Dict[int, Tuple[float, float]]:
+    """Per fault id: wall time of its first change and of its last repair, as applied."""
+    out: Dict[int, List[float]] = {}
+    for r in runner_log:
+        if r.get("ts") is None:
+            continue
+        span = out.setdefault(int(r["fault"]), [r["ts"], r["ts"]])
+        span[0], span[1] = min(span[0], r["ts"]), max(span[1], r["ts"])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def labels(schedule: Schedule, spans: Mapping[int, Tuple[float, float]], a: float, b: float) -> List[str]:
+    """Labels of the faults that were in effect at some time in ``[a, b]`` (wall times, as applied)."""
+    return [schedule.by_id(fid).label for fid, (t0, t1) in sorted(spans.items(), key=lambda kv: kv[1])
+            if t0 < b and t1 > a]
+
+
+def _completion_gaps(steps: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[int, Dict[str, float]]:
+    """The longest time between two consecutive completions, per rank (the simplest stall measure)."""
+    out = {}
+    for rank, recs in steps.items():
+        t = sorted(r["t1"] for r in recs)
+        if len(t) >= 2:
+            g = np.diff(t)
+            i = int(np.argmax(g))
+            out[rank] = {"longest_s": float(g[i]), "after": float(t[i])}
+    return out
+
+
+# ------------------------------------------------------------ detection
+def detection(runner_log: Sequence[Mapping[str, Any]], intervals: Sequence[Interval],
+              events: Mapping[int, Sequence[Mapping[str, Any]]], schedule: Schedule,
+              rank_of_host: Mapping[int, int]) -> Dict[str, Any]:
+    """Fault time -> first ``link_down``/``failover`` on the affected links, by fault kind.
+
+    Per (fault, target NIC) whose rail was clean on that host before: *local* is
+    the first such event of the host's rank on that rail; *peer* the first of
+    each other rank whose own NIC on that rail was clean, for its link to the
+    host on that rail. A flap counts its first down. Misses are counted (a 1 %
+    lossy rail may never be noticed, by design)."""
+    ivs = sorted(intervals)
+    per_kind: Dict[str, Dict[str, List[Optional[float]]]] = {}
+    samples = []
+    seen = set()
+    for rec in runner_log:
+        if rec["action"] != "apply" or rec.get("error") or rec.get("ts") is None:
+            continue
+        key = (rec["fault"], rec["host"], rec["rail"])
+        if key in seen:
+            continue  # a flap's later cycles
+        seen.add(key)
+        ts, h, r = rec["ts"], rec["host"], rec["rail"]
+        if _down_before(ivs, h, r, ts):
+            continue
+        fault = schedule.by_id(rec["fault"])
+        kind = fault.kind
+        end = ts + fault.hold + 1.0
+        d = per_kind.setdefault(kind, {"local": [], "peer": []})
+        me = rank_of_host.get(h)
+        loc = _first_event(events.get(me, []), ts - 0.05, end, rail=r)
+        d["local"].append(None if loc is None else loc - ts)
+        for host, rank in rank_of_host.items():
+            if host == h or _down_before(ivs, host, r, ts):
+                continue
+            got = _first_event(events.get(rank, []), ts - 0.05, end, rail=r, peer=me)
+            d["peer"].append(None if got is None else got - ts)
+        samples.append({"fault": rec["fault"], "kind": kind, "host": h, "rail": r, "ts": ts,
+                        "local_s": d["local"][-1]})
+    return {kind: {side: _summary(vals) for side, vals in d.items()} for kind, d in per_kind.items()}
+
+
+def _down_before(ivs: Sequence[Interval], h: int, r: int, ts: float) -> bool:
+    return any(iv[2] == h and iv[3] == r and iv[0] < ts - 1e-6 and iv[1] > ts - 1.0 for iv in ivs)
+
+
+def _first_event(evs: Sequence[Mapping[str, Any]], a: float, b: float, *, rail: int,
+                 peer: Optional[int] = None) -> Optional[float]:
+    for e in evs:
+        if e.get("event") in DOWN_EVENTS and a <= e.get("ts", 0) <= b and (peer is None or e.get("peer") == peer):
+            r = e.get("from_rail", e.get("rail")) if e.get("event") == "failover" else e.get("rail")
+            if r == rail:
+                return float(e["ts"])
+    return None
+
+
+def _summary(vals: Iterable[Optional[float]]) -> Dict[str, Any]:
+    vals = list(vals)
+    got = np.array([v for v in vals if v is not None], float) * 1000.0
+    out: Dict[str, Any] = {"n": int(got.size), "missed": len(vals) - int(got.size)}
+    if got.size:
+        out.update(median_ms=float(np.median(got)), p99_ms=float(np.percentile(got, 99)), max_ms=float(got.max()))
+    return out
+
+
+# ------------------------------------------------------------ false trips
+def false_trips(events: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval],
+                host_of_rank: Mapping[int, int], *, window: float = 1.0) -> Dict[str, Any]:
+    """``link_down`` events on links whose two NICs had no fault then (within ``window`` s before)."""
+    ivs = sorted(intervals)
+    trips, after_repair = [], []
+    for rank, evs in events.items():
+        for e in evs:
+            if e.get("event") != "link_down" or e.get("rail") is None or e.get("peer") is None:
+                continue
+            ts, r = e["ts"], e["rail"]
+            ends = [host_of_rank.get(rank), host_of_rank.get(e["peer"])]
+            near = [iv for iv in ivs if iv[3] == r and iv[2] in ends and iv[0] <= ts + 0.05 and iv[1] >= ts - window]
+            if near:
+                continue
+            recent = [iv for iv in ivs if iv[3] == r and iv[2] in ends and ts - 5.0 <= iv[1] < ts - window]
+            (after_repair if recent else trips).append({k: e.get(k) for k in ("ts", "rank", "peer", "rail", "cause",
+                                                                             "reason", "detail") if k in e})
+    return {"count": len(trips), "examples": trips[:20], "after_repair": len(after_repair),
+            "after_repair_examples": after_repair[:10]}
+
+
+def event_counts(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for evs in events.values():
+        for e in evs:
+            key = f"{e.get('event')}/{e.get('cause')}" if e.get("cause") else str(e.get("event"))
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+__all__ = ["stalls", "detection", "false_trips", "event_counts", "normal_times", "wire_bytes", "detect_time",
+           "STALL_SLACK", "NO_PATH_RESUME", "CUT_DETECT"]

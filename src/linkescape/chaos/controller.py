@@ -1,0 +1,162 @@
+"""The chaos soak: a testbed, one rank per host, random overlapping faults, an exact check of everything.
+
+:func:`run_chaos` builds a throwaway testbed (``hosts`` x ``rails`` veth rails
+shaped to ``rate``), starts :mod:`linkescape.chaos.worker` in every host,
+waits for the ranks to run, then plays the fault schedule (random from the
+seed, or a replayed one) through the real testbed injector while it shows
+live progress. When the schedule is over (every fault repaired) the ranks
+stop together; a rank that does not is hung (stacks dumped, killed). The run
+directory keeps everything: ``schedule.json``, ``faults.jsonl`` (what was
+applied, when), ``ops-R.jsonl``, ``events-R.jsonl``, ``log-R.txt``,
+``stderr-R.txt`` and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ..faults import KINDS, ISOLATE_BOUND, Schedule, ScheduleRunner, TestbedInjector, random_schedule
+from . import workload
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class ChaosOptions:
+    hosts: int = 4
+    rails: int = 2
+    rate: Optional[str] = "1gbit"
+    duration: float = 600.0
+    seed: int = 1
+    json_path: Optional[str] = None
+    out: Optional[str] = None  #: run directory (default: a new one under /tmp)
+    kinds: Tuple[str, ...] = KINDS
+    interval: float = 1.0  #: mean seconds between fault starts
+    isolate_bound: float = ISOLATE_BOUND
+    max_active: int = 3
+    schedule: Optional[Schedule] = None  #: replay this plan instead of drawing one
+    max_bytes: int = workload.MAX_BYTES
+    op_timeout: float = 60.0  #: LINKESCAPE_TIMEOUT of the ranks: a stuck operation becomes CommTimeout
+    hang_s: float = 60.0  #: a step outstanding this long (or a rank that does not exit) is hung
+    env: Dict[str, str] = field(default_factory=dict)
+    live: Optional[bool] = None
+    command: Optional[str] = None
+
+
+def plan(opts: ChaosOptions) -> Schedule:
+    """The schedule of this run: the replayed one, or the seed's."""
+    if opts.schedule is not None:
+        s = opts.schedule
+        if (s.hosts, s.rails) != (opts.hosts, opts.rails):
+            from ..faults import ScheduleError
+
+            raise ScheduleError(f"the schedule is for {s.hosts} hosts x {s.rails} rails, "
+                                f"not {opts.hosts} x {opts.rails}")
+        return s
+    return random_schedule(opts.seed, opts.duration, opts.hosts, opts.rails, kinds=opts.kinds,
+                           interval=opts.interval, isolate_bound=opts.isolate_bound, max_active=opts.max_active)
+
+
+def run_dir(opts: ChaosOptions) -> str:
+    path = opts.out or os.path.join("/tmp", f"linkescape-chaos-s{opts.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+    return path
+
+
+def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
+    """Run the soak; returns the report dict (``report["exit_code"]`` is 0 only when everything held)."""
+    from ..config import Config
+    from ..testbed.netns import require_nft, require_root, temporary_testbed
+    from .live import LiveView
+    from .ranks import Ranks
+    from .report import build_report, collect
+
+    require_root("linkescape chaos")
+    schedule = plan(opts)
+    if any(iv[4] in ("blackhole", "lossy") for iv in schedule.intervals()):
+        require_nft()
+    rdir = run_dir(opts)
+    schedule.save(os.path.join(rdir, "schedule.json"))
+    events_tmpl = os.path.join(rdir, "events-{rank}.jsonl")
+    env = {"LINKESCAPE_EVENTS": events_tmpl, "LINKESCAPE_TIMEOUT": str(opts.op_timeout), "PYTHONUNBUFFERED": "1",
+           "LINKESCAPE_DEBUG": "INFO", "LINKESCAPE_DEBUG_FILE": os.path.join(rdir, "log-{rank}.txt"), **opts.env}
+    cfg = Config.from_env({k: v for k, v in {**os.environ, **env}.items() if k.startswith("LINKESCAPE_")
+                           and k not in ("LINKESCAPE_RAILS",)})
+    say(f"linkescape chaos: {opts.hosts} hosts x {opts.rails} rails at {opts.rate or 'unshaped'}, "
+        f"{schedule.duration:.0f} s, seed {schedule.seed}, {len(schedule.faults)} faults "
+        f"({', '.join(f'{k} {v}' for k, v in schedule.counts().items())}); run directory {rdir}")
+    t_start = time.time()
+    ranks = None
+    runner = None
+    hung_during: Optional[str] = None
+    setup_error: Optional[str] = None
+    tcp: list = []  # [wall time, per rank TCP counters] every 0.5 s
+    with temporary_testbed(opts.hosts, opts.rails, rate=opts.rate, prefix="ch") as tb:
+        env["LINKESCAPE_RAILS"] = ",".join(tb.rail_nics)
+        try:
+            ranks = Ranks(tb, list(range(opts.hosts)), rdir, seed=opts.seed, max_bytes=opts.max_bytes, env=env)
+            ranks.wait_ready()
+            fault_log = open(os.path.join(rdir, "faults.jsonl"), "w")
+
+            def on_step(rec: Dict[str, Any]) -> None:
+                fault_log.write(json.dumps(rec) + "\n")
+                fault_log.flush()
+
+            runner = ScheduleRunner(schedule, TestbedInjector(tb), on_step=on_step)
+            t0 = time.time() + 0.2
+            runner.start(t0)
+            with LiveView(seed=opts.seed, duration=schedule.duration, live=opts.live, say=say) as view:
+                while True:
+                    now = time.time()
+                    if now - (tcp[-1][0] if tcp else 0.0) >= 0.5:
+                        tcp.append([now, ranks.tcp_counters()])
+                    with ranks.lock:
+                        view.update(now - t0, ranks.states, [f.label for f in runner.active()],
+                                    len(runner.fault_times()) - len(runner.active()))
+                    if not runner.running and now >= t0 + schedule.duration:
+                        break
+                    if ranks.dead():
+                        break  # a rank ended (an error): the others cannot go on without it
+                    stuck = [s.rank for s in ranks.states if (s.outstanding(now) or 0.0) > opts.hang_s]
+                    if stuck:
+                        hung_during = f"rank(s) {stuck} had a step outstanding for more than {opts.hang_s:.0f} s"
+                        break
+                    time.sleep(0.25)
+            runner.stop()
+            fault_log.close()
+            tcp.append([time.time(), ranks.tcp_counters()])
+            ranks.finish(timeout=opts.hang_s + 30.0)
+        except (RuntimeError, TimeoutError) as exc:
+            setup_error = str(exc)
+            say(f"linkescape chaos: {exc}")
+        finally:
+            if runner is not None:
+                runner.stop()
+            if ranks is not None:
+                ranks.kill()
+    t_end = time.time()
+    data = collect(opts=opts, schedule=schedule, ranks=ranks, runner=runner, cfg=cfg, rdir=rdir,
+                   events_tmpl=events_tmpl, t_start=t_start, t_end=t_end, hung_during=hung_during,
+                   setup_error=setup_error)
+    data["tcp"] = tcp
+    with open(os.path.join(rdir, "run.json"), "w") as fh:
+        json.dump(data, fh, default=str)
+    report = build_report(data, schedule)
+    report["options"] = {k: v for k, v in asdict(opts).items() if k not in ("schedule",)}
+    report["command"] = opts.command or " ".join(shlex.quote(a) for a in sys.argv)
+    with open(os.path.join(rdir, "report.json"), "w") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    if opts.json_path:
+        with open(opts.json_path, "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+    return report
+
+
+__all__ = ["ChaosOptions", "run_chaos", "plan"]

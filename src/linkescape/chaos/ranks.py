@@ -1,0 +1,205 @@
+"""The chaos ranks: one worker process per testbed host, and what they say.
+
+Each rank's stdout JSON lines are pumped into :class:`RankState` (last
+progress, resources, mismatches, exit); stderr goes to ``stderr-{rank}.txt``
+in the run directory, so a traceback or a faulthandler dump (SIGUSR1, sent
+before a hung rank is killed) is kept for the report's reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: int
+    ready: bool = False
+    progress: Dict[str, Any] = field(default_factory=dict)
+    resources: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    mismatches: List[Dict[str, Any]] = field(default_factory=list)
+    exit: Optional[Dict[str, Any]] = None
+    hung: bool = False
+    returncode: Optional[int] = None
+
+    def outstanding(self, now: float) -> Optional[float]:
+        """Seconds the current step has been outstanding (None when between steps or not started)."""
+        since = self.progress.get("since")
+        return None if since is None else max(0.0, now - since)
+
+    def idle(self, now: float) -> Optional[float]:
+        """Seconds since this rank last finished a step, or was seen starting one."""
+        last = self.progress.get("since") or self.progress.get("last_done")
+        return None if last is None else max(0.0, now - last)
+
+
+class Ranks:
+    """Start ``world`` chaos workers, one in each of ``hosts`` of ``tb``."""
+
+    def __init__(self, tb, hosts: List[int], run_dir: str, *, seed: int, max_bytes: int,
+                 env: Mapping[str, str]) -> None:
+        self.tb = tb
+        self.dir = run_dir
+        self.world = len(hosts)
+        self.stop_file = os.path.join(run_dir, "stop")
+        self.states = [RankState(rank, host) for rank, host in enumerate(hosts)]
+        self.procs: List[subprocess.Popen] = []
+        self.lock = threading.Lock()
+        store = os.path.join(run_dir, "store")
+        for rank, host in enumerate(hosts):
+            e = dict(os.environ)
+            e.update(env)
+            argv = [sys.executable, "-m", "linkescape.chaos.worker", "--rank", str(rank), "--world", str(self.world),
+                    "--store", store, "--seed", str(seed), "--ops", self.ops_path(rank),
+                    "--stop-file", self.stop_file, "--max-bytes", str(max_bytes)]
+            err = open(os.path.join(run_dir, f"stderr-{rank}.txt"), "w")
+            proc = tb.popen(host, argv, stdout=subprocess.PIPE, stderr=err, text=True, env=e)
+            err.close()
+            self.procs.append(proc)
+            threading.Thread(target=self._pump, args=(rank, proc), name=f"chaos-pump-{rank}", daemon=True).start()
+
+    def ops_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"ops-{rank}.jsonl")
+
+    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+        st = self.states[rank]
+        for line in proc.stdout:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            ev = rec.get("event")
+            with self.lock:
+                if ev == "progress":
+                    st.progress = rec
+                elif ev == "ready":
+                    st.ready = True
+                elif ev == "resources":
+                    st.resources[rec.get("at", "?")] = {k: v for k, v in rec.items() if k not in ("event", "at")}
+                elif ev == "mismatch":
+                    rec["rank"] = rank
+                    st.mismatches.append(rec)
+                elif ev == "exit":
+                    st.exit = rec
+
+    # ------------------------------------------------------------ waiting
+    def dead(self) -> List[int]:
+        """Ranks whose process ended."""
+        return [r for r, p in enumerate(self.procs) if p.poll() is not None]
+
+    def wait(self, pred, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if self.dead():
+                raise RuntimeError(f"rank(s) {self.dead()} exited while waiting for {what}; see {self.dir}/stderr-*.txt")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f}s; see {self.dir}/stderr-*.txt")
+            time.sleep(0.05)
+
+    def wait_ready(self, timeout: float = 120.0, steps: int = 20) -> None:
+        self.wait(lambda: all(s.ready for s in self.states), timeout, "every rank connected")
+        self.wait(lambda: all(s.progress.get("steps", 0) >= steps for s in self.states), timeout,
+                  f"{steps} steps on every rank")
+
+    def finish(self, timeout: float) -> None:
+        """Ask every rank to stop (together) and wait for their exits; a rank still
+        running after ``timeout`` is hung: its Python stacks are dumped to its stderr, then it is killed."""
+        with open(self.stop_file, "w"):
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.1)
+        hung = [r for r, p in enumerate(self.procs) if p.poll() is None]
+        for r in hung:
+            self.states[r].hung = True
+            try:
+                self.procs[r].send_signal(signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        if hung:
+            time.sleep(1.5)
+        self.kill()
+        time.sleep(0.2)  # let the pumps drain
+        for r, p in enumerate(self.procs):
+            self.states[r].returncode = p.returncode
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    # ------------------------------------------------------------ results
+    def steps(self) -> Dict[int, List[Dict[str, Any]]]:
+        out = {}
+        for r in range(self.world):
+            recs = []
+            try:
+                with open(self.ops_path(r)) as fh:
+                    for line in fh:
+                        try:
+                            recs.append(json.loads(line))
+                        except ValueError:
+                            continue  # a torn last line of a killed rank
+            except FileNotFoundError:
+                pass
+            out[r] = recs
+        return out
+
+    def events(self, template: str) -> Dict[int, List[Dict[str, Any]]]:
+        from ..events import expand_path, read_events
+
+        out = {}
+        for r in range(self.world):
+            path = expand_path(template, r)
+            out[r] = read_events(path) if os.path.exists(path) else []
+        return out
+
+    def tcp_counters(self) -> List[Optional[Dict[str, int]]]:
+        """Each rank's namespace's TCP counters (``/proc/PID/net``: no process to spawn), None once it ended."""
+        return [tcp_counters(p.pid) if p.poll() is None else None for p in self.procs]
+
+    def stderr_tail(self, rank: int, n: int = 4000) -> str:
+        try:
+            with open(os.path.join(self.dir, f"stderr-{rank}.txt"), errors="replace") as fh:
+                return fh.read()[-n:]
+        except OSError:
+            return ""
+
+
+_TCP_KEYS = {("TcpExt:", "TCPTimeouts"): "rto", ("TcpExt:", "TCPLossProbes"): "tlp",
+             ("TcpExt:", "TCPSynRetrans"): "syn_retrans", ("Tcp:", "RetransSegs"): "retrans"}
+
+
+def tcp_counters(pid: int) -> Optional[Dict[str, int]]:
+    """Retransmission timeouts, tail-loss probes, SYN and segment retransmissions of ``pid``'s namespace."""
+    out: Dict[str, int] = {}
+    for name in ("netstat", "snmp"):
+        try:
+            with open(f"/proc/{pid}/net/{name}") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            return None
+        for head, vals in zip(lines[::2], lines[1::2]):
+            keys, nums = head.split(), vals.split()
+            for (sect, key), short in _TCP_KEYS.items():
+                if keys and keys[0] == sect and key in keys:
+                    out[short] = int(nums[keys.index(key)])
+    return out
+
+
+__all__ = ["Ranks", "RankState", "tcp_counters"]

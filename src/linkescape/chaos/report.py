@@ -1,0 +1,278 @@
+"""The chaos report: what ran, what broke, whether every bound held (dict for JSON, text for people)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..faults import Schedule
+from . import analysis, workload
+
+DEFINITIONS = {
+    "step": "one unit of the workload on one rank (an op, an async burst, a send/recv ring, a barrier), "
+            "from its first call to its last completion",
+    "normal": "median duration of quiet steps of the same class (kind, ops, size within 2x; no fault within "
+              "0.5 s, no repair in the 3 s before), or its bytes at the line rate on one rail, whichever is longer",
+    "stall": "a step's duration minus its normal time",
+    "bound_path_left": "every pair of hosts kept a clean rail: stall <= 100 ms + the detection time of each fault "
+                       "that began during the step or up to one detection time before it (cut/flap: "
+                       f"{analysis.CUT_DETECT * 1000:.0f} ms; blackhole/lossy: silent timeout + heartbeat + 10 ms); "
+                       "no fault: 100 ms",
+    "bound_no_path": "some pair had no usable rail (no_path) or only lossy ones (degraded): the step ends at most "
+                     "1.5 s + its normal time (+ detection of faults begun after) after every pair has a clean rail "
+                     "again; a step that ends during the outage meets its bound",
+    "detection": "fault applied (the ip/nft command returned) -> first link_down/failover event on that rail, "
+                 "local = the faulty host's rank, peer = every other rank, for its link to the faulty host",
+    "hung": "a step outstanding longer than --hang (default 60 s), or a rank that did not exit after the stop",
+}
+
+
+def collect(*, opts, schedule, ranks, runner, cfg, rdir: str, events_tmpl: str, t_start: float, t_end: float,
+            hung_during: Optional[str], setup_error: Optional[str]) -> Dict[str, Any]:
+    """Everything a report needs, as plain data (saved as ``run.json``; steps and events stay in their files)."""
+    return {
+        "seed": schedule.seed, "run_dir": rdir, "hosts": opts.hosts, "rails": opts.rails, "rate": opts.rate,
+        "events_tmpl": events_tmpl, "t_start": t_start, "t_end": t_end, "t0": runner.t0 if runner else None,
+        "hung_during": hung_during, "setup_error": setup_error,
+        "config": {"silent_timeout_ms": cfg.silent_timeout * 1000, "heartbeat_ms": cfg.heartbeat_interval * 1000,
+                   "failback_holddown_ms": cfg.failback_holddown * 1000, "op_timeout_s": opts.op_timeout},
+        "log": list(runner.log) if runner is not None else [],
+        "fault_times": {str(k): v for k, v in (runner.fault_times() if runner is not None else {}).items()},
+        "intervals": [list(iv) for iv in (runner.intervals(now=t_end) if runner is not None else [])],
+        "ranks": None if ranks is None else [
+            {"rank": st.rank, "host": st.host, "exit": st.exit, "hung": st.hung, "returncode": st.returncode,
+             "progress": st.progress, "resources": st.resources, "mismatches": st.mismatches,
+             "stderr_tail": ranks.stderr_tail(st.rank, 3000) if st.exit is None or st.exit.get("error") else ""}
+            for st in ranks.states],
+    }
+
+
+def load_run(rdir: str) -> Tuple[Dict[str, Any], Schedule]:
+    """The ``run.json`` and schedule of a run directory (to report on it again)."""
+    with open(os.path.join(rdir, "run.json")) as fh:
+        data = json.load(fh)
+    return data, Schedule.load(os.path.join(rdir, "schedule.json"))
+
+
+def _read_jsonl(path: str) -> List[Dict[str, Any]]:
+    out = []
+    try:
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # a torn last line of a killed rank
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
+    """The report of a run (see :data:`DEFINITIONS`); ``report["exit_code"]`` is 0 only when all held."""
+    from ..events import expand_path
+    from ..testbed.netns import rate_bps as parse_rate
+
+    rate_bps = parse_rate(data["rate"]) if data.get("rate") else 10e9  # unshaped veth: about 10 Gbit/s here
+    world = data["hosts"]
+    cfg = data["config"]
+    rdir = data["run_dir"]
+    rep: Dict[str, Any] = {"seed": schedule.seed, "run_dir": rdir, "hosts": world, "rails": data["rails"],
+                           "rate": data.get("rate"), "duration_s": schedule.duration,
+                           "wall_s": data["t_end"] - data["t_start"], "definitions": DEFINITIONS,
+                           "schedule": schedule.to_dict(), "config": cfg}
+    reasons: List[str] = []
+    if data.get("setup_error"):
+        reasons.append(f"setup: {data['setup_error']}")
+    # -- faults
+    log = data["log"]
+    applied: Dict[str, int] = {}
+    for fid in data["fault_times"]:
+        k = schedule.by_id(int(fid)).kind
+        applied[k] = applied.get(k, 0) + 1
+    rep["faults"] = {"planned": schedule.counts(), "applied": applied, "total_applied": len(data["fault_times"]),
+                     "injection_errors": [r for r in log if r.get("error")][:20],
+                     "max_late_ms": max([1000 * (r.get("late") or 0) for r in log] + [0.0])}
+    if rep["faults"]["injection_errors"]:
+        reasons.append(f"{len(rep['faults']['injection_errors'])} fault injection error(s)")
+    if data.get("ranks") is None:
+        rep["verdict"] = {"pass": False, "reasons": reasons or ["no ranks ran"]}
+        rep["exit_code"] = 1
+        return rep
+    states = data["ranks"]
+    steps = {st["rank"]: _read_jsonl(os.path.join(rdir, f"ops-{st['rank']}.jsonl")) for st in states}
+    events = {st["rank"]: _read_jsonl(expand_path(data["events_tmpl"], st["rank"])) for st in states}
+    intervals = [tuple(iv) for iv in data["intervals"]]
+    t_end = data["t_end"]
+    t_ref = data.get("t0") or data["t_start"]
+    # -- operations
+    verified: Dict[str, int] = {n: 0 for n in workload.OPERATIONS}
+    per_rank = {}
+    for st in states:
+        counts = (st.get("exit") or {}).get("counts") or _count_ops(steps.get(st["rank"], []))
+        per_rank[st["rank"]] = sum(counts.values())
+        for k, v in counts.items():
+            verified[k] = verified.get(k, 0) + v
+    wrong = sum(rec.get("wrong", 0) for recs in steps.values() for rec in recs)
+    rep["operations"] = {"verified_by_kind": verified, "verified": sum(verified.values()), "per_rank": per_rank,
+                         "steps_per_rank": {r: len(v) for r, v in steps.items()}}
+    mism = [m for st in states for m in st["mismatches"]]
+    rep["wrong"] = {"elements": wrong, "results": len(mism), "examples": mism[:20]}
+    if wrong:
+        reasons.append(f"{wrong} wrong element(s) in {len(mism)} result(s)")
+    # -- errors and hangs
+    errors, hung = [], []
+    spans = analysis.fault_spans(log)
+    for st in states:
+        ex = st.get("exit")
+        if ex and ex.get("error"):
+            e = dict(ex["error"])
+            e["rank"] = st["rank"]
+            e.pop("traceback", None)
+            e["t_rel"] = None if e.get("t") is None else round(e["t"] - t_ref, 3)
+            e["faults_active"] = analysis.labels(schedule, spans, e["t"] - 5.0, e["t"]) if e.get("t") else []
+            e["stderr_tail"] = st.get("stderr_tail", "")
+            errors.append(e)
+        elif ex is None:
+            hung.append({"rank": st["rank"], "hung": st["hung"], "returncode": st["returncode"],
+                         "last_progress": st["progress"], "stderr_tail": st.get("stderr_tail", "")})
+    rep["errors"] = errors
+    rep["hung"] = hung
+    rep["hung_during"] = data.get("hung_during")
+    if errors:
+        reasons.append(f"{len(errors)} rank(s) failed: " + "; ".join(f"rank {e['rank']} {e['type']}" for e in errors))
+    if hung or data.get("hung_during"):
+        reasons.append(f"{len(hung)} rank(s) hung or died"
+                       + (f" ({data['hung_during']})" if data.get("hung_during") else ""))
+    # -- stalls and bounds
+    st = analysis.stalls(steps, intervals, log, schedule, world=world, rate_bps=rate_bps,
+                         silent=cfg["silent_timeout_ms"] / 1000.0, heartbeat=cfg["heartbeat_ms"] / 1000.0, t_end=t_end,
+                         tcp=data.get("tcp") or ())
+    rep["tcp"] = analysis.tcp_between(data.get("tcp") or (), data["t_start"], t_end)
+    rep["stalls"] = st
+    if st["violation_count"]:
+        reasons.append(f"{st['violation_count']} step(s) stalled beyond their bound")
+    rep["detection"] = analysis.detection(log, intervals, events, schedule, {h: h for h in range(world)})
+    rep["false_trips"] = analysis.false_trips(events, intervals, {r: r for r in range(world)})
+    rep["events"] = analysis.event_counts(events)
+    rep["resources"] = {st_["rank"]: st_["resources"] for st_ in states}
+    rep["t0"] = t_ref
+    rep["verdict"] = {"pass": not reasons, "reasons": reasons}
+    rep["exit_code"] = 0 if not reasons else 1
+    return rep
+
+
+def _count_ops(recs) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for rec in recs:
+        for name, _, _ in rec.get("ops", []):
+            for n in (("send", "recv") if name == "ring" else (name,)):
+                out[n] = out.get(n, 0) + 1
+    return out
+
+
+# ------------------------------------------------------------ text
+def _ms(x: Optional[float]) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x * 1000:.0f} ms"
+
+
+def format_report(rep: Dict[str, Any]) -> str:
+    L: List[str] = []
+    add = L.append
+    add(f"linkescape chaos report: seed {rep['seed']}, {rep['hosts']} hosts x {rep['rails']} rails at "
+        f"{rep['rate'] or 'unshaped'}, {rep['duration_s']:.0f} s of faults ({rep['wall_s']:.0f} s wall)")
+    add(f"  run directory: {rep['run_dir']}  (schedule.json replays it: linkescape chaos --schedule ...)")
+    f = rep["faults"]
+    add("faults by kind (applied / planned): " + ", ".join(
+        f"{k} {f['applied'].get(k, 0)}/{v}" for k, v in f["planned"].items()) + f"; {f['total_applied']} in all, "
+        f"injection up to {f['max_late_ms']:.0f} ms late")
+    for e in f["injection_errors"][:5]:
+        add(f"  injection error: fault #{e['fault']} {e['action']} {e['mechanism']} h{e['host']}r{e['rail']}: "
+            f"{e['error']}")
+    if "operations" in rep:
+        o = rep["operations"]
+        add(f"operations verified: {o['verified']} (" + ", ".join(
+            f"{k} {v}" for k, v in o["verified_by_kind"].items() if v) + ")")
+        w = rep["wrong"]
+        add(f"wrong results: {w['results']} ({w['elements']} elements)")
+        for m in w["examples"][:5]:
+            add(f"  rank {m.get('rank', '?')} step {m['k']} {m['op']} {m['dtype']} x{m['count']}: {m['wrong']} wrong, "
+                f"first at {m.get('first')}: got {m.get('got')} want {m.get('want')}")
+        add(f"errors: {len(rep['errors'])}")
+        for e in rep["errors"]:
+            add(f"  rank {e['rank']} at {e.get('t_rel')} s, step {e.get('step')}: {e['type']}: {e['message'][:300]}")
+            if e.get("faults_active"):
+                add(f"    faults in the 5 s before: {'; '.join(e['faults_active'][:6])}")
+        add(f"hung ranks: {len(rep['hung'])}" + (f" ({rep['hung_during']})" if rep.get("hung_during") else ""))
+        for h in rep["hung"]:
+            add(f"  rank {h['rank']}: last progress {h['last_progress']}")
+        _stalls(rep["stalls"], add, rep.get("t0") or 0.0)
+        add("detection latency (fault -> first link_down/failover on that rail), median / p99 / max, n, missed:")
+        for kind, d in rep["detection"].items():
+            parts = []
+            for side in ("local", "peer"):
+                s = d.get(side, {})
+                if s.get("n"):
+                    parts.append(f"{side} {s['median_ms']:.0f} / {s['p99_ms']:.0f} / {s['max_ms']:.0f} ms "
+                                 f"(n {s['n']}, missed {s['missed']})")
+                else:
+                    parts.append(f"{side} - (missed {s.get('missed', 0)})")
+            add(f"  {kind:<9} " + "; ".join(parts))
+        ft = rep["false_trips"]
+        add(f"false trips (link_down with no fault on either end within 1 s): {ft['count']}; "
+            f"links down again 1-5 s after a repair: {ft['after_repair']}")
+        for e in ft["examples"][:5]:
+            add(f"  {e}")
+        add("events: " + ", ".join(f"{k} {v}" for k, v in rep["events"].items()))
+        if rep.get("tcp"):
+            add("TCP in the hosts over the run: " + ", ".join(f"{k} {v}" for k, v in rep["tcp"].items())
+                + " (rto: retransmission timeouts, tlp: tail-loss probes)")
+        add("resources per rank (fds / OS threads / RSS MB): start -> warm -> end -> after close")
+        for r, res in rep["resources"].items():
+            cells = [f"{res[a].get('fds')}/{res[a].get('threads')}/{res[a].get('rss_mb')}" if a in res else "-"
+                     for a in ("start", "warm", "end", "closed")]
+            left = res.get("closed", {}).get("leftover_threads")
+            add(f"  rank {r}: " + " -> ".join(cells) + (f"  threads left after close: {left}" if left else ""))
+    v = rep["verdict"]
+    add(("PASS" if v["pass"] else "FAIL") + ("" if v["pass"] else ": " + "; ".join(v["reasons"])))
+    return "\n".join(L)
+
+
+def _stalls(st: Dict[str, Any], add, t0: float) -> None:
+    lo = st.get("longest")
+    if lo:
+        add(f"longest stall: {_ms(lo['stall'])} on rank {lo['rank']} step {lo['k']} ({lo['kind']} "
+            f"{'+'.join(lo['ops'])}, {lo['bytes']} B) at {lo['t0'] - t0:.2f} s: took {_ms(lo['duration'])}, "
+            f"normal {_ms(lo['normal'])}; condition {lo['condition']}, bound {_ms(lo['bound'])}"
+            + (" (beyond)" if lo["violation"] else " (within)"))
+        for label in lo.get("faults", [])[:8]:
+            add(f"    during: {label}")
+    add("stalls by condition (steps, violations, longest stall): " + "; ".join(
+        f"{c} {d['steps']}/{d['violations']}/{_ms(d['longest_stall_s'])}" for c, d in st["by_condition"].items()))
+    seen = set()
+    for v in st["violations"]:
+        if v["k"] in seen:
+            continue  # the same step on the other ranks
+        seen.add(v["k"])
+        if len(seen) > 10:
+            break
+        rto = v.get("tcp", {}).get("rto")
+        add(f"  beyond bound: step {v['k']} on rank {v['rank']} ({v['kind']} {'+'.join(v['ops'])}) "
+            f"{v['condition']} at {v['t0'] - t0:.2f} s: stall {_ms(v['stall'])} > bound {_ms(v['bound'])}"
+            + (f"; TCP RTOs then: {rto}" if rto is not None else "")
+            + (f"; {'; '.join(v.get('faults', [])[:3])}" if v.get("faults") else ""))
+    b = st.get("baseline_longest")
+    if b:
+        add(f"baseline (no fault within 0.5 s, no repair in the 3 s before; not judged): longest stall "
+            f"{_ms(b['stall'])} (step {b['k']} {b['kind']} at {b['t0'] - t0:.2f} s"
+            + (f", TCP RTOs then: {b['tcp'].get('rto')}" if b.get("tcp") else "")
+            + f"); {st['baseline_over_100ms']} step(s) over 100 ms")
+    gaps = st.get("gaps", {})
+    if gaps:
+        add("longest time between two completions per rank: " + ", ".join(
+            f"rank {r} {_ms(g['longest_s'])}" for r, g in gaps.items()))
+
+
+__all__ = ["collect", "build_report", "load_run", "format_report", "DEFINITIONS"]
