@@ -18,6 +18,7 @@ def _register() -> None:
     import sys
 
     for module, names in ((".bench.cli", ("bench",)), (".testbed.cli", ("testbed", "fault")), (".demo", ("demo",)),
+                          (".chaos.cli", ("chaos",)),
                           (".tools.cli", ("status", "trace", "report", "cost", "simulate"))):
         try:
             mod = importlib.import_module(module, __package__)
