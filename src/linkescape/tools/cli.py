@@ -16,6 +16,14 @@ def _fail(exc: Exception) -> None:
     raise click.ClickException(str(exc))
 
 
+def _console():
+    """A terminal's own width; 200 columns into a pipe or file (rich would wrap at 80)."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
 # ------------------------------------------------------------------ status
 @click.command()
 @click.option("--targets", default=None, help="host:port,... of the ranks' metrics endpoints.")
@@ -30,20 +38,18 @@ def _fail(exc: Exception) -> None:
 def status(targets, testbed_name, port, interval, n_events, once, as_json) -> None:
     """A live view of a running job: every rank x peer x rail, its state and
     bytes/s, the primary rail, and the last events."""
-    from rich.console import Console
-
-    from .status import Poller, parse_targets, render, testbed_targets
+    from .status import Poller, parse_targets, render, targets_of_testbed
 
     try:
         if targets:
             tlist = parse_targets(targets)
         else:
             base = port if port is not None else int(os.environ.get("LINKESCAPE_METRICS_PORT") or 9464)
-            tlist = testbed_targets(testbed_name, base)
+            tlist = targets_of_testbed(testbed_name, base)
     except Exception as exc:  # noqa: BLE001 - a missing testbed, a bad target: say so
         _fail(exc)
     poller = Poller(tlist, events=n_events)
-    console = Console()
+    console = _console()
     if once:
         poller.poll()
         time.sleep(interval)
@@ -96,8 +102,6 @@ def trace_analyze(paths, as_json) -> None:
 def report(trails, png, as_json) -> None:
     """One row per fault in an event trail (LINKESCAPE_EVENTS files): detection,
     failover, rail back and failback times; --png draws the timeline."""
-    from rich.console import Console
-
     from .report import build, plot, read_trails, table
 
     try:
@@ -110,7 +114,7 @@ def report(trails, png, as_json) -> None:
     if as_json:
         click.echo(json.dumps(rep, indent=1, default=str))
         return
-    Console().print(table(rep))
+    _console().print(table(rep))
     if rep["events_by_kind"]:
         click.echo("events: " + ", ".join(f"{k} {v}" for k, v in rep["events_by_kind"].items()))
     if png:

@@ -88,14 +88,14 @@ def plot(path: str, rep: Dict[str, Any], events: List[Dict[str, Any]]) -> str:
     lanes = routed_lanes(events, rep["ranks"], max(1, rep["rails"]), t0, t_end)
     faults = [{"kind": r["kind"], "host": r["host"], "rail": r["rail"], "at_s": r["detected_s"],
                "restored_at_s": r["back_on_rail_s"], "transitions": r["transitions"],
-               "detection_ms": r["failover_ms"], "recovery_ms": r["failback_ms"]} for r in rep["faults"]]
+               "note": f"{r['kind']} r{r['rail']}\nfailover {_ms(r['failover_ms'])}\nfailback {_ms(r['failback_ms'])}"}
+              for r in rep["faults"]]
     raster = [(e["ts"] - t0, int(e.get("rank") or 0), e["event"]) for e in events]
-    return draw_timeline(path, lanes, faults, events=raster, t_end=t_end,
+    return draw_timeline(path, lanes, faults, events=raster, t_end=t_end, pad=max(0.05, 0.03 * t_end),
                          title=f"linkescape event trail: {rep['ranks']} ranks x {rep['rails']} rails, "
-                               f"{len(rep['faults'])} faults",
-                         xlabel="seconds since the first event (dashed: fault detected, dotted green: rail back; "
-                                "lanes: peers whose traffic each rail carries; 'detect' = to failover, "
-                                "'back' = rail back to failback)")
+                               f"{len(rep['faults'])} faults (lanes: how many peers' traffic each rail carries)",
+                         xlabel="seconds since the first event (dashed: detected, dotted green: rail back; "
+                                "failover: from detection, failback: from the rail back)")
 
 
 __all__ = ["read_trails", "build", "table", "plot"]

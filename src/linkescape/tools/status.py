@@ -249,7 +249,7 @@ def render(view: Dict[str, Any]):
     return Panel(Group(*parts), title=f"linkescape status: {len(ranks)} ranks", border_style="blue")
 
 
-def testbed_targets(name: Optional[str], port: int) -> List[Target]:
+def targets_of_testbed(name: Optional[str], port: int) -> List[Target]:
     """The metrics endpoints of a testbed's ranks (probed: ``P + host`` first, then ``P``)."""
     from ..testbed.netns import Testbed
 
@@ -270,4 +270,4 @@ def testbed_targets(name: Optional[str], port: int) -> List[Target]:
     return out
 
 
-__all__ = ["Target", "parse_targets", "fetch", "parse_metrics", "Poller", "render", "testbed_targets"]
+__all__ = ["Target", "parse_targets", "fetch", "parse_metrics", "Poller", "render", "targets_of_testbed"]

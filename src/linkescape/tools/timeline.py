@@ -236,7 +236,7 @@ RAIL_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown",
 
 def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[Dict[str, Any]], *,
                   title: str, xlabel: str, t_end: float, top: Optional[Dict[str, Any]] = None,
-                  events: Optional[Sequence[Tuple[float, int, str]]] = None) -> str:
+                  events: Optional[Sequence[Tuple[float, int, str]]] = None, pad: float = 0.5) -> str:
     """The timeline picture: an upper panel (``top``: a curve such as the loss,
     or the ``events`` as a raster of (t, rank, event)), one lane per host with
     its per-rail series, faults marked (dashed: in effect, dotted green: rail back)."""
@@ -263,7 +263,10 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
             if pts:
                 ax0.scatter([p[0] for p in pts], [p[1] for p in pts], marker=m, color=c, s=18, label=kind)
         ax0.set_ylabel("events\nby rank")
-        ax0.legend(loc="upper right", fontsize=7, ncol=6)
+        ranks = sorted({r for _, r, _ in events})
+        ax0.set_yticks(ranks)
+        ax0.set_ylim(-0.5, max(ranks) + 1.2)  # headroom for the fault labels
+        ax0.legend(loc="upper left", bbox_to_anchor=(1.002, 1.0), fontsize=7, borderaxespad=0)
     ax0.set_title(title, fontsize=11)
     ax0.grid(alpha=0.3)
     for h, lane in enumerate(lanes):
@@ -295,14 +298,15 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
                     host_ax.axvspan(d, u, color=c, alpha=0.25, lw=0)
             else:
                 host_ax.axvspan(a, b, color=c, alpha=0.15, lw=0)
-            txt = f"{f.get('kind')} r{f.get('rail')}\ndetect {_ms(f.get('detection_ms'))}\nback {_ms(f.get('recovery_ms'))}"
+            txt = f.get("note") or (f"{f.get('kind')} r{f.get('rail')}\ndetect {_ms(f.get('detection_ms'))}\n"
+                                    f"back {_ms(f.get('recovery_ms'))}")
             host_ax.text(a, 0.97, " " + txt.replace("\n", "\n "), transform=host_ax.get_xaxis_transform(),
                          va="top", ha="left", fontsize=7, color=c,
                          bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
         where = f"h{host}" if host is not None else "h?"
         ax0.text(a, 0.97, f" {f.get('kind')} {where} r{f.get('rail')}", transform=ax0.get_xaxis_transform(),
-                 va="top", ha="left", fontsize=8, color=c)
-    axes[-1].set_xlim(-0.5, t_end + 0.5)
+                 va="top", ha="left", fontsize=8, color=c, bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
+    axes[-1].set_xlim(-pad, t_end + pad)
     axes[-1].set_xlabel(xlabel)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
