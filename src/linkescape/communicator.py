@@ -18,7 +18,7 @@ from .config import Config
 from .engine.core import Engine
 from .engine.link import Link
 from .engine.messages import InMessage, Op, OutMessage
-from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, UsageError
+from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
 from .protocol.linkstate import Ev
@@ -46,6 +46,7 @@ class Work:
             self._comm._trace_timeout(exc)
             raise exc
         if self._op.error is not None:
+            self._comm._before_raise(self._op.error)
             raise self._op.error
         return True
 
@@ -155,6 +156,11 @@ class Communicator:
         # connections are authenticated without blocking its thread.
         self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, [setup.acceptor], peers, job,
                                   self.config, store=store)
+        from .engine.beacon import Beacon
+
+        # liveness and root causes through the store (the management network)
+        self._beacon = Beacon(self._engine, store)
+        self._engine.liveness.beacon = self._beacon
 
     def _spin_budget(self) -> float:
         """Busy-poll only when every rank on this host can have a core: spinning
@@ -238,6 +244,7 @@ class Communicator:
             if held:
                 self._post_lock.release()
         if op.error is not None:
+            self._before_raise(op.error)
             raise op.error
         return None
 
@@ -506,6 +513,14 @@ class Communicator:
             raise UsageError("no directory: pass one or set LINKESCAPE_TRACE_DIR")
         return self._flight.dump(reason, directory=directory, force=True)
 
+    def _before_raise(self, exc: BaseException) -> None:
+        """A rank that found a peer lost records it in the store before the
+        caller sees the error (and perhaps exits), so the others name the
+        same peer."""
+        beacon = getattr(self, "_beacon", None)
+        if beacon is not None and isinstance(exc, PeerLost):
+            beacon.wait_reported(1.0)
+
     def _trace_timeout(self, exc: BaseException) -> None:
         if self._flight is not None:
             self._flight._trigger("timeout", exc)
@@ -528,6 +543,8 @@ class Communicator:
         if self._recovery is not None:
             self._recovery.close()
         self._engine.close(graceful=graceful)
+        if getattr(self, "_beacon", None) is not None:
+            self._beacon.close()
         if self._setup is not None:
             self._setup.close()
         if getattr(self, "_flight", None) is not None:

@@ -34,7 +34,9 @@ CARRIER = "carrier"            # our own NIC lost carrier (netlink)
 PEER_CARRIER = "peer_carrier"  # the peer told us its NIC lost carrier
 SOCKET_ERROR = "socket_error"  # send/recv failed (RST, EPIPE, EHOSTUNREACH, ...)
 TIMEOUT = "timeout"            # nothing heard for the silent timeout
-CAUSES = (CARRIER, PEER_CARRIER, SOCKET_ERROR, TIMEOUT)
+PROTOCOL_ERROR = "protocol_error"  # the link carried a frame that breaks the protocol
+DEGRADED = "degraded"          # carrier up, but goodput stayed below half its healthy rate
+CAUSES = (CARRIER, PEER_CARRIER, SOCKET_ERROR, TIMEOUT, PROTOCOL_ERROR, DEGRADED)
 
 #: fields every record has, in this order
 FIELDS = ("ts", "rank", "event", "peer", "rail", "cause")
@@ -196,5 +198,5 @@ def read_events(path: str) -> List[Dict[str, Any]]:
 __all__ = [
     "EventLog", "read_events", "expand_path", "EVENTS", "CAUSES", "FIELDS", "ENV_VAR",
     "LINK_DOWN", "FAILOVER", "LINK_UP", "FAILBACK", "NO_PATH", "PEER_LOST",
-    "CARRIER", "PEER_CARRIER", "SOCKET_ERROR", "TIMEOUT",
+    "CARRIER", "PEER_CARRIER", "SOCKET_ERROR", "TIMEOUT", "PROTOCOL_ERROR", "DEGRADED",
 ]

@@ -30,6 +30,9 @@ from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
 
+#: rails whose carrier state every frame carries (the header has 8 bits for it)
+RAIL_BITS = 8
+
 
 class Engine:
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
@@ -55,6 +58,9 @@ class Engine:
         self.severed: List[Link] = []
         #: bytes a link may have queued before the sender stops carving frames
         self.watermark = 2 * config.chunk_bytes
+        #: our rails without carrier (bits 0-7) and a generation (bits 8-15)
+        #: that grows with every change; every frame carries it (level state)
+        self.rails_word = 0
         self.next_timer = 0.0
         self._last_timers = time.monotonic()
         #: called when a down link should be re-dialed now (set by Recovery)
@@ -92,18 +98,6 @@ class Engine:
     def spin(self, value: float) -> None:
         self.driver.spin = value
 
-    @property
-    def isolated(self) -> Dict[int, bool]:
-        return self.liveness.isolated
-
-    @property
-    def on_suspect(self):
-        return self.liveness.on_suspect
-
-    @on_suspect.setter
-    def on_suspect(self, fn) -> None:
-        self.liveness.on_suspect = fn
-
     # ------------------------------------------------------------ links and descriptors
     def add_link(self, link: Link) -> None:
         """A link opened at start-up."""
@@ -124,6 +118,16 @@ class Engine:
 
     def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         self.liveness.probe_failed(self.peers[peer_rank], rail, refused)
+
+    def set_rail_state(self, rail: int, down: bool) -> None:
+        """Record our NIC on ``rail`` as down or up in the word every frame carries."""
+        if rail >= RAIL_BITS:
+            return
+        mask = self.rails_word & 0xFF
+        new = mask | (1 << rail) if down else mask & ~(1 << rail)
+        if new != mask:
+            gen = ((self.rails_word >> 8) + 1) & 0xFF
+            self.rails_word = (gen << 8) | new
 
     def redial(self) -> None:
         if self.on_redial is not None:
@@ -311,7 +315,8 @@ class Engine:
         for peer in self.peers.values():
             for link in peer.links:
                 if link is not None:
-                    link.queue_control(Kind.BYE, peer.recv.cumulative_ack, arg=peer.send.last_seq)
+                    link.queue_control(Kind.BYE, peer.recv.cumulative_ack, arg=peer.send.last_seq,
+                                       rails=self.rails_word)
                     links.append(link)
         for link in links:
             try:

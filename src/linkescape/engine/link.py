@@ -11,7 +11,7 @@ import errno
 import socket
 from typing import Deque, Optional
 
-from ..protocol.frames import HEADER_SIZE, Header, pack_header, unpack_header
+from ..protocol.frames import DEFAULT_MAX_PAYLOAD, HEADER_SIZE, Header, pack_header, unpack_header
 from ..protocol.linkstate import LinkStatus
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
@@ -68,8 +68,8 @@ class Link:
         self.out.append(item)
         self.out_bytes += item.total
 
-    def queue_control(self, kind: int, ack: int, arg: int = 0) -> None:
-        self.queue(WireItem(pack_header(kind, 0, ack, arg=arg)))
+    def queue_control(self, kind: int, ack: int, arg: int = 0, rails: int = 0) -> None:
+        self.queue(WireItem(pack_header(kind, 0, ack, arg=arg, rails=rails)))
 
     def flush(self) -> bool:
         """Write as much as the socket takes; True when the queue emptied.
@@ -111,8 +111,9 @@ class Link:
         return True
 
     # ------------------------------------------------------------------ recv
-    def read_header(self) -> Optional[Header]:
-        """Read toward the next header; returns it when whole."""
+    def read_header(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Optional[Header]:
+        """Read toward the next header; returns it when whole (checked:
+        ProtocolError for nonsense, a payload beyond ``max_payload`` too)."""
         got = self.hdr_got
         n = self.sock.recv_into(self.hdr_view[got:], HEADER_SIZE - got)
         if n == 0:
@@ -123,7 +124,7 @@ class Link:
         if got < HEADER_SIZE:
             return None
         self.hdr_got = 0
-        return unpack_header(self.hdr_buf)
+        return unpack_header(self.hdr_buf, max_payload)
 
     def read_payload(self) -> bool:
         """Read toward the end of the current payload; True when whole."""

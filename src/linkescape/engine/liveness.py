@@ -1,20 +1,29 @@
-"""Verdicts on a peer that has no path: wait for a rail to return, give up
-with ``LinkFailure`` after the no-path deadline, or declare it gone
-(``PeerLost``) when the evidence says the process, not the network, failed.
+"""Verdicts on a peer that has no path: wait for a rail to return (and give
+up with ``LinkFailure`` after the no-path deadline), or declare it gone
+(``PeerLost``). A cut-off peer must never be taken for a dead one.
 
-Evidence of a dead process: every rail refuses connections (its listeners are
-gone), or every link ended with FIN/RST and it did not re-dial, or every rail
-went silent at once while the peer did not record in the store (the
-management network) that it lost its rails.
+Evidence that the process (or its host) is gone, and nothing else:
+- every rail refuses connections: its listeners are closed, the host answers
+  with RST (the dialing side learns it by re-dialing; the accepting side, after
+  every link ended with FIN/RST, by probing the peer's listeners);
+- its liveness record in the store stopped changing while the store answers
+  us (``Beacon``): a host that is off, or a process that hangs in the kernel.
+- it said so: BYE (closed), or another rank recorded it as the root cause of
+  its failure (``PEER_LOST`` frames, the store's failure record).
+
+Silence on every rail, with or without FIN/RST, is not evidence: a host whose
+rails are all cut, blackholed or partitioned looks exactly like that. When
+the store cannot answer either, the peer is waited for until the no-path
+deadline, then ``LinkFailure``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Dict, Optional
+from typing import TYPE_CHECKING
 
 from ..errors import LinkFailure, PeerLost
-from ..protocol.linkstate import Ev, State
+from ..protocol.frames import Kind
 
 if TYPE_CHECKING:
     from .core import Engine
@@ -24,31 +33,34 @@ if TYPE_CHECKING:
 class Liveness:
     def __init__(self, host: "Engine") -> None:
         self.host = host
-        #: peer -> True (it lost every rail itself: a link failure), False
-        #: (it did not: it is gone), absent (not known yet); set by Recovery
-        self.isolated: Dict[int, bool] = {}
-        #: asks Recovery to find out whether a silent peer is isolated
-        self.on_suspect: Optional[Callable[[int], None]] = None
+        #: the store's view of peers (set by Communicator; None: no store)
+        self.beacon = None
+        #: asks Recovery to probe a peer's listeners (every link ended with FIN/RST)
+        self.on_probe = None
 
     def check(self, peer: "PeerChannel", now: float) -> None:
         """Called on every timer tick for a peer with no path."""
         cfg = self.host.config
-        if peer.no_path_since is None or peer.lost is not None:
+        if peer.lost is not None:
             return
-        if peer.eof_since is not None and now - peer.eof_since > cfg.peer_lost_timeout * 0.75:
-            self.lost(peer, f"rank {peer.rank} closed every link and did not come back")
-        elif now - peer.no_path_since > cfg.no_path_timeout:
+        beacon = self.beacon
+        if beacon is not None:
+            beacon.watch(peer.rank)
+            alive = beacon.verdict(peer.rank, cfg.peer_lost_timeout, now)
+            waited = now - peer.no_path_since
+            if alive is False and waited > cfg.peer_lost_timeout:
+                self.lost(peer, f"rank {peer.rank} has no path on any rail and stopped refreshing its liveness "
+                                f"record in the store for {cfg.peer_lost_timeout:g}s: its process or host is gone",
+                          "timeout")
+                return
+        if peer.eof_since is not None and self.on_probe is not None and self.host.rank < peer.rank:
+            self.on_probe(peer.rank)
+        if now - peer.no_path_since > cfg.no_path_timeout:
             self._no_path_expired(peer, now)
-        elif self._silent_everywhere(peer):
-            # A host that lost every rail looks the same from here as
-            # one that died; the isolated rank says so through the
-            # store (the management network), which settles it.
-            isolated = self.isolated.get(peer.rank)
-            if isolated is None and self.on_suspect is not None:
-                self.on_suspect(peer.rank)
-            waited = now - max(st.since for st in peer.status)
-            if isolated is False or (isolated is None and waited > cfg.peer_lost_timeout * 0.75):
-                self.lost(peer, f"rank {peer.rank} stopped answering on every rail at once", "timeout")
+
+    def path_back(self, peer: "PeerChannel") -> None:
+        if self.beacon is not None:
+            self.beacon.unwatch(peer.rank)
 
     def probe_failed(self, peer: "PeerChannel", rail: int, refused: bool) -> None:
         if refused:
@@ -61,24 +73,51 @@ class Liveness:
             self.lost(peer, f"rank {peer.rank} closed every link and refuses connections on every rail")
 
     def lost(self, peer: "PeerChannel", why: str, cause: str = "socket_error") -> None:
+        """``peer`` is gone. Tell the other ranks first (over surviving links,
+        and the store), then fail: they name it too, not us."""
+        host = self.host
         peer.lost = PeerLost(why, peer=peer.rank)
-        self.host.emit("peer_lost", peer.rank, -1, cause, detail=why)
+        host.emit("peer_lost", peer.rank, -1, cause, detail=why)
+        self._tell_others(peer.rank, peer.lost)
         # A collective cannot complete without one of its members: every
         # operation fails now rather than waiting for its deadline.
-        self.host.set_fatal(peer.lost)
+        host.set_fatal(peer.lost)
 
-    def _silent_everywhere(self, peer: "PeerChannel") -> bool:
-        """Every rail went silent within a short window, with no carrier
-        loss on either side: the peer (process or host), not the network."""
-        sts = peer.status
-        if len(sts) < 2:
-            return False  # one rail: a silent peer and a dead rail look the same
-        if any(st.down_cause is not Ev.TIMEOUT or st.state is State.UP for st in sts):
-            return False
-        if any(peer.peer_carrier_down.get(st.rail) for st in sts):
-            return False
-        times = [st.since for st in sts]
-        return max(times) - min(times) <= self.host.config.peer_lost_timeout
+    def _tell_others(self, lost_rank: int, error: BaseException) -> None:
+        host = self.host
+        if host.fatal is not None:
+            return  # we failed already: the root cause was told then
+        for other in host.peers.values():
+            if other.rank == lost_rank or other.lost is not None:
+                continue
+            for link in other.live_links():
+                other.tx.control(link, Kind.PEER_LOST, arg=lost_rank)
+        if self.beacon is not None:
+            self.beacon.report_failure(lost_rank, error)
+
+    def reported(self, by: int, lost_rank: int) -> None:
+        """Rank ``by`` told us (a PEER_LOST frame) that ``lost_rank`` is gone."""
+        self._fail_with_root_cause(lost_rank, f"rank {lost_rank} is lost (reported by rank {by})")
+
+    def root_cause(self, record: dict) -> None:
+        """The store's failure record (read by the Beacon)."""
+        try:
+            lost_rank = int(record["peer"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self._fail_with_root_cause(lost_rank, f"rank {lost_rank} is lost (recorded by rank {record.get('by')}: "
+                                              f"{record.get('why', '')})")
+
+    def _fail_with_root_cause(self, lost_rank: int, why: str) -> None:
+        host = self.host
+        if host.fatal is not None or host.closed:
+            return
+        err = PeerLost(why, peer=lost_rank)
+        peer = host.peers.get(lost_rank)
+        if peer is not None and peer.lost is None:
+            peer.lost = err
+            host.emit("peer_lost", lost_rank, -1, "socket_error", detail=why)
+        host.set_fatal(err)
 
     def _no_path_expired(self, peer: "PeerChannel", now: float) -> None:
         nrails = self.host.nrails
@@ -88,3 +127,6 @@ class Liveness:
                           rails=list(range(nrails)), since=since)
         peer.lost = err
         self.host.ops.fail_needing(peer, err)
+
+
+__all__ = ["Liveness"]

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from ..errors import LinkEscapeError, PeerLost
+from ..errors import LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
 from ..protocol.frames import Header, Kind
 from ..protocol.linkstate import Ev, LinkStatus, State
@@ -28,10 +28,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("linkescape.engine")
 
-CAUSE = {Ev.CARRIER_DOWN: "carrier", Ev.PEER_CARRIER_DOWN: "peer_carrier", Ev.SOCKET_ERROR: "socket_error",
-         Ev.TIMEOUT: "timeout"}
+CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT,
+                                 Ev.PROTOCOL_ERROR, Ev.DEGRADED)}
 
 __all__ = ["PeerChannel", "Unexpected", "CAUSE"]
+
+#: a peer whose links carry nonsense this many times within the window fails the communicator
+PROTOCOL_ERROR_LIMIT = 3
+PROTOCOL_ERROR_WINDOW = 60.0
 
 
 class PeerChannel:
@@ -54,8 +58,13 @@ class PeerChannel:
         #: rails on which re-dialing was refused (nobody listening)
         self.refused: set = set()
         self.lost: Optional[BaseException] = None
-        #: when each rail's NIC on the peer's side lost carrier (peer told us)
+        #: whether each rail's NIC on the peer's side lost carrier (from the
+        #: rail word every frame of the peer carries, and its notifications)
         self.peer_carrier_down: Dict[int, bool] = {}
+        #: the last rail word applied (bits 0-7 rails down, 8-15 generation)
+        self.peer_rails_word = 0
+        #: when links to this peer carried nonsense (ProtocolError), recently
+        self.protocol_errors: List[float] = []
         #: bytes moved by this peer's links that are closed now, per rail
         self.closed_sent: List[int] = [0] * nrails
         self.closed_received: List[int] = [0] * nrails
@@ -95,7 +104,6 @@ class PeerChannel:
         self.links[link.rail] = link
         self.host.io.add_link(link)
         self.eof_since = None
-        self.host.isolated.pop(self.rank, None)
         self.refused.discard(link.rail)
         if self.send.acked < peer_expected - 1 <= self.send.last_seq:
             self.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
@@ -143,6 +151,7 @@ class PeerChannel:
         if self.no_path_since is not None:
             self.no_path_since = None
             self.tx.replay = True
+            host.liveness.path_back(self)
         if moved_from is not None:
             self.tx.replay = True  # what was on the dead link is lost: resend all unacked
         if old and new != old:
@@ -193,6 +202,8 @@ class PeerChannel:
             self.rx.on_readable(link)
         except (BlockingIOError, InterruptedError):
             return
+        except ProtocolError as exc:
+            self.protocol_error(link, exc)
         except LinkEscapeError as exc:
             self.host.set_fatal(exc)
         except Exception as exc:  # OSError, LinkClosed
@@ -200,6 +211,20 @@ class PeerChannel:
                 self.on_disconnect(link, exc)
             else:
                 raise
+
+    def protocol_error(self, link: Link, exc: ProtocolError) -> None:
+        """The link carried nonsense: it is a failed link (closed, replayed
+        elsewhere, re-dialed). Only a peer that keeps sending nonsense on fresh
+        links fails the communicator."""
+        now = time.monotonic()
+        self.protocol_errors = [t for t in self.protocol_errors if now - t < PROTOCOL_ERROR_WINDOW] + [now]
+        log.warning("rank %d rail %d: %s", self.rank, link.rail, exc)
+        if self.links[link.rail] is link:
+            self.link_down(link, Ev.PROTOCOL_ERROR, detail=str(exc))
+        if len(self.protocol_errors) >= PROTOCOL_ERROR_LIMIT:
+            self.host.set_fatal(ProtocolError(
+                f"rank {self.rank} sent frames that break the protocol on {len(self.protocol_errors)} links "
+                f"within {PROTOCOL_ERROR_WINDOW:g}s (last: {exc})", peer=self.rank, rail=link.rail))
 
     def on_disconnect(self, link: Link, exc: BaseException) -> None:
         if self.closed_by_peer:
@@ -235,12 +260,39 @@ class PeerChannel:
             other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
             if other is not None:
                 self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
+        elif hdr.kind == Kind.PEER_LOST:
+            host.liveness.reported(self.rank, hdr.arg)
         elif hdr.kind == Kind.NOTIFY_UP:
             self.peer_carrier_down[hdr.arg] = False
             if hdr.arg < len(self.status) and self.status[hdr.arg].state is State.DOWN:
                 self.status[hdr.arg].next_probe = time.monotonic()
                 self.status[hdr.arg].backoff = 0.0
                 host.redial()
+
+    def on_peer_rails(self, word: int) -> None:
+        """The peer's rails without carrier, as every frame repeats them.
+        Frames on different links can overtake each other, so only a newer
+        generation counts."""
+        old = self.peer_rails_word
+        ahead = ((word >> 8) - (old >> 8)) & 0xFF
+        if not 0 < ahead < 128:
+            return
+        self.peer_rails_word = word
+        now = time.monotonic()
+        for rail in range(min(len(self.links), 8)):
+            bit = 1 << rail
+            if word & bit and not old & bit:
+                self.peer_carrier_down[rail] = True
+                link = self.links[rail]
+                if link is not None:
+                    self.link_down(link, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
+            elif old & bit and not word & bit:
+                self.peer_carrier_down[rail] = False
+                st = self.status[rail]
+                if st.state is State.DOWN:
+                    st.next_probe = now
+                    st.backoff = 0.0
+                    self.host.redial()
 
     # ------------------------------------------------------------ timers
     def tick(self, now: float, blind: bool) -> None:

@@ -97,13 +97,18 @@ class Receiver:
         if link.parked:
             return  # waiting for an earlier frame or a posted receive
         peer = self.peer
+        bound = peer.host.config.max_frame_bytes
         while True:
             if link.hdr is None:
-                hdr = link.read_header()
+                hdr = link.read_header(bound)
                 if hdr is None:
                     continue
                 if hdr.ack:
                     peer.send.on_ack(hdr.ack)
+                if hdr.rails != peer.peer_rails_word:
+                    peer.on_peer_rails(hdr.rails)
+                    if peer.links[link.rail] is not link:
+                        return  # this very rail is down on the peer's side
                 if hdr.kind != Kind.DATA:
                     peer.on_control(link, hdr)
                     if link.status.state is not State.UP or peer.links[link.rail] is not link:
@@ -146,10 +151,12 @@ class Receiver:
             elif cur.msg != hdr.msg or cur.received != hdr.offset:
                 raise ProtocolError(f"frame of message {hdr.msg:#x} at offset {hdr.offset} while "
                                     f"{cur.msg:#x} is at {cur.received}", peer=peer.rank, rail=link.rail)
-            if hdr.offset + hdr.length > cur.nbytes:
-                raise CollectiveMismatch(
-                    f"rank {peer.rank} sent {hdr.offset + hdr.length} bytes where {cur.nbytes} were expected",
-                    peer=peer.rank, op_seq=hdr.msg)
+            if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
+                # the first frame matched the message's size: this is not a
+                # disagreement of the ranks but a frame that lies
+                raise ProtocolError(f"frame at offset {hdr.offset} with {hdr.length} bytes of a "
+                                    f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes",
+                                    peer=peer.rank, rail=link.rail)
             link.binding = cur
             if isinstance(cur, Unexpected):
                 link.sink = cur.buf[hdr.offset:hdr.offset + hdr.length]
@@ -248,11 +255,14 @@ class Receiver:
         self.resume_parked(skip=link)
 
     def resume_parked(self, skip: Optional[Link] = None) -> None:
-        for link in self.peer.links:
+        for link in list(self.peer.links):
             if link is not None and link.parked and link is not skip and link.hdr is not None:
-                if self.bind(link) and not len(link.sink):
-                    self.deliver(link)  # nothing to read: no poll event would come
-                # otherwise reading resumes through poll
+                try:
+                    if self.bind(link) and not len(link.sink):
+                        self.deliver(link)  # nothing to read: no poll event would come
+                    # otherwise reading resumes through poll
+                except ProtocolError as exc:
+                    self.peer.protocol_error(link, exc)
 
 
 def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:

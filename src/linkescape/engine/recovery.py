@@ -6,8 +6,13 @@
 - A link that is down is re-opened by the higher rank of the pair, without
   limit, with a capped back-off; the lower rank accepts. Re-opened links are
   re-authenticated with the same handshake as at start-up, with a new epoch.
-- Connecting and accepting block, so they run on a thread of their own that
-  never holds the engine lock while it waits on the network.
+- Re-dialing never stops, whatever notifications did or did not arrive: a
+  peer's word that its NIC is down only leaves the back-off at its cap.
+- Dials block (connect, then the handshake, with a short deadline), so each
+  runs on a short-lived thread of its own: a blackholed rail whose SYNs vanish
+  never delays the re-dial of another. Accepting never blocks (the acceptor
+  advances handshakes as bytes arrive). Neither holds the engine lock while it
+  waits on the network.
 """
 
 from __future__ import annotations
@@ -30,11 +35,8 @@ from .link import Link
 
 log = logging.getLogger("linkescape.recovery")
 
-ISOLATED_KEY = "linkescape/isolated/{rank}"
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+#: dials (and listener probes) in flight at once, at most
+MAX_DIALS = 16
 
 
 class Recovery:
@@ -43,7 +45,6 @@ class Recovery:
                  config: Config, store=None) -> None:
         self.engine = engine
         self.store = store
-        self._suspects: set = set()
         self.rank = engine.rank
         self.rail_addrs = list(rail_addrs)
         self.rail_ifnames = list(rail_ifnames)
@@ -55,6 +56,11 @@ class Recovery:
         self.epochs: Dict[Tuple[int, int], int] = {}
         #: links being re-opened right now (handed to the engine, not yet adopted)
         self.dialing: set = set()
+        self._threads: set = set()
+        self._threads_lock = threading.Lock()
+        #: peers whose listeners to probe (every link ended with FIN/RST), and when last probed
+        self._probe_wanted: set = set()
+        self._probed: Dict[int, float] = {}
         self.closed = False
         self.monitor = None
         watched = [n for n in self.rail_ifnames if n and n != "lo"]
@@ -66,6 +72,7 @@ class Recovery:
                 for rail, name in enumerate(self.rail_ifnames):
                     if name in watched and not self.monitor.is_up(name):
                         self.local_down.add(rail)
+                        engine.set_rail_state(rail, True)
                 engine.add_fd(self.monitor.fileno(), self._on_carrier)
             except OSError as exc:
                 log.warning("rank %d: no carrier watch (%s); relying on timeouts", self.rank, exc)
@@ -74,7 +81,7 @@ class Recovery:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         engine.on_redial = self.wake
-        engine.on_suspect = self._suspect
+        engine.liveness.on_probe = self._want_probe
         self.thread = threading.Thread(target=self._loop, name=f"linkescape-recovery-{self.rank}", daemon=True)
         self.thread.start()
 
@@ -95,9 +102,9 @@ class Recovery:
         and (for a carrier loss, which we can see) the peers are told over a
         surviving link so that they need not wait for a timeout."""
         eng = self.engine
-        if len(self.local_down | {rail}) == len(self.rail_addrs) > len(self.local_down):
-            self._isolation(True)
         self.local_down.add(rail)
+        if ev is Ev.CARRIER_DOWN:
+            eng.set_rail_state(rail, True)  # every frame from now on says so
         if notify:  # first: the peers learn it before anything else happens
             eng.notify_peers(Kind.NOTIFY_DOWN, rail)
         for peer in eng.peers.values():
@@ -105,46 +112,11 @@ class Recovery:
             if link is not None:
                 eng.link_down(link, ev, detail=detail, close=close)
 
-    def _isolation(self, isolated: bool) -> None:
-        """Tell the others, through the store (the management network), that
-        this rank has no rail left: its silence is a link failure, not death."""
-        if self.store is None:
-            return
-        key, value = ISOLATED_KEY.format(rank=self.rank), (f"{time.time()}" if isolated else "0")
-
-        def write() -> None:
-            try:
-                self.store.set(key, value)
-            except Exception as exc:  # noqa: BLE001 - best effort, never the data path
-                log.warning("rank %d: cannot record isolation in the store: %s", self.rank, exc)
-        threading.Thread(target=write, daemon=True).start()
-
-    def _suspect(self, peer: int) -> None:
-        if peer not in self._suspects:
-            self._suspects.add(peer)
-            self.wake()
-
-    def _check_suspects(self) -> None:
-        """Runs on this thread: ask the store whether silent peers are isolated."""
-        for peer in list(self._suspects):
-            self._suspects.discard(peer)
-            key = ISOLATED_KEY.format(rank=peer)
-            try:
-                check = getattr(self.store, "check", None)
-                present = check([key]) if check is not None else True
-                value = _text(self.store.get(key)) if present else "0"
-                isolated = value not in ("", "0")
-            except Exception as exc:  # noqa: BLE001 - no store answer: let the timeout decide
-                log.debug("rank %d: store has no word on rank %d: %s", self.rank, peer, exc)
-                continue
-            self.engine.call_soon(lambda peer=peer, isolated=isolated: self.engine.isolated.__setitem__(peer, isolated))
-
     def rail_up(self, rail: int) -> None:
         eng = self.engine
         now = time.monotonic()
-        if len(self.local_down) == len(self.rail_addrs) and rail in self.local_down:
-            self._isolation(False)
         self.local_down.discard(rail)
+        eng.set_rail_state(rail, False)
         for link in [l for l in eng.severed if l.rail == rail]:
             eng.severed.remove(link)
             link.close()
@@ -207,12 +179,36 @@ class Recovery:
                         pass
                 else:
                     self._accept(fd)
-            if self._suspects and self.store is not None:
-                self._check_suspects()
             for peer, rail in self._due_dials():
                 if self.closed:
-                    return
-                self._dial(peer, rail)
+                    break
+                self.dialing.add((peer, rail))
+                if not self._spawn(self._dial, peer, rail):
+                    self.dialing.discard((peer, rail))
+                    break
+            for peer in self._due_probes():
+                if self.closed or not self._spawn(self._probe, peer):
+                    break
+
+    def _spawn(self, fn, *args) -> bool:
+        """Run ``fn`` on a short-lived thread; False when too many run."""
+        with self._threads_lock:
+            if len(self._threads) >= MAX_DIALS:
+                return False
+
+            def run() -> None:
+                try:
+                    fn(*args)
+                except Exception:  # noqa: BLE001 - a failed dial must not end recovery
+                    log.exception("rank %d: %s%s failed", self.rank, fn.__name__, args)
+                finally:
+                    with self._threads_lock:
+                        self._threads.discard(threading.current_thread())
+                    self.wake()
+            t = threading.Thread(target=run, name=f"linkescape-dial-{self.rank}", daemon=True)
+            self._threads.add(t)
+        t.start()
+        return True
 
     def _next_due(self) -> float:
         eng = self.engine
@@ -237,21 +233,54 @@ class Recovery:
             if peer.rank > self.rank or peer.lost is not None:
                 continue  # the higher rank of a pair dials
             for st in peer.status:
-                if (st.state is State.DOWN and st.rail not in self.local_down
-                        and not peer.peer_carrier_down.get(st.rail) and now >= st.next_probe
+                if (st.state is State.DOWN and st.rail not in self.local_down and now >= st.next_probe
                         and (peer.rank, st.rail) not in self.dialing):
                     out.append((peer.rank, st.rail))
         return out
 
-    def _dial(self, peer: int, rail: int) -> None:
+    # ------------------------------------------------------------ probing a peer's listeners
+    def _want_probe(self, peer: int) -> None:
+        """(engine, lock held) Every link to ``peer`` ended with FIN/RST and we
+        are the accepting side: find out whether its listeners still exist."""
+        if peer not in self._probe_wanted:
+            self._probe_wanted.add(peer)
+            self.wake()
+
+    def _due_probes(self) -> List[int]:
+        now = time.monotonic()
+        out = []
+        for peer in list(self._probe_wanted):
+            if now - self._probed.get(peer, 0.0) >= 0.5:
+                self._probe_wanted.discard(peer)
+                self._probed[peer] = now
+                out.append(peer)
+        return out
+
+    def _probe(self, peer: int) -> None:
+        """Connect to every listener of ``peer`` and close at once: a refusal
+        on every rail means its process is gone (its host answers RST)."""
         eng = self.engine
-        epoch = self.epochs.get((peer, rail), 1) + 1
-        self.epochs[(peer, rail)] = epoch
+        for rail, addr in enumerate(self.peer_addrs[peer]):
+            if rail in self.local_down or self.closed:
+                continue
+            refused = False
+            try:
+                sock = socket.create_connection(addr, timeout=0.5, source_address=(self.rail_addrs[rail], 0))
+                sock.close()
+            except OSError as exc:
+                refused = exc.errno == errno.ECONNREFUSED
+            eng.call_soon(lambda rail=rail, refused=refused: eng.probe_failed(peer, rail, refused))
+
+    def _dial(self, peer: int, rail: int) -> None:
+        """(dial thread) Re-open the link to ``peer`` on ``rail``."""
+        eng = self.engine
+        with self._threads_lock:
+            epoch = self.epochs.get((peer, rail), 1) + 1
+            self.epochs[(peer, rail)] = epoch
         expected = eng.peers[peer].recv.expected  # an int: a racy read is fine, replay trims less
-        # Short: on a black-holed path the SYN just vanishes, and this thread
-        # dials one link at a time, so a long wait would delay every re-dial.
+        # Short: on a black-holed path the SYN just vanishes; the back-off
+        # brings the next try.
         deadline = time.monotonic() + min(0.5, self.config.reconnect_max + 0.25)
-        self.dialing.add((peer, rail))
         try:
             # the same key proof as at start-up (the acceptor holds the job's LinkAuth)
             handshake = self.listeners[0].auth.dialer(peer, rail, epoch, expected, deadline)
@@ -308,6 +337,10 @@ class Recovery:
         self.wake()
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=3.0)
+        with self._threads_lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout=1.0)
         if self.monitor is not None:
             self.engine.remove_fd(self.monitor.fileno())
             self.monitor.close()

@@ -50,13 +50,14 @@ class Sender:
         if not links:
             return
         schan, rchan = peer.send, peer.recv
+        rails = peer.host.rails_word
         if self.replay:
             self.replay = False
             ack = rchan.cumulative_ack
             for i, frame in enumerate(schan.unacked):
                 link = links[i % len(links)]
                 link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, frame.msg, frame.offset, frame.length,
-                                                frame.sig, arg=frame.arg, flags=frame.flags), frame))
+                                                frame.sig, arg=frame.arg, flags=frame.flags, rails=rails), frame))
             rchan.ack_sent_upto(ack)
         queue = self.queue
         host = peer.host
@@ -81,7 +82,7 @@ class Sender:
             frame.flags = flags
             ack = rchan.cumulative_ack
             link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, m.msg, off, n, m.sig, arg=m.nbytes,
-                                            flags=flags), frame))
+                                            flags=flags, rails=rails), frame))
             rchan.ack_sent_upto(ack)
             m.carved += n
             if m.carved == m.nbytes:
@@ -106,7 +107,7 @@ class Sender:
     def control(self, link: Link, kind: int, arg: int = 0) -> None:
         """Queue a control frame (it carries our cumulative ack) and write."""
         rchan = self.peer.recv
-        link.queue_control(kind, rchan.cumulative_ack, arg=arg)
+        link.queue_control(kind, rchan.cumulative_ack, arg=arg, rails=self.peer.host.rails_word)
         rchan.ack_sent_upto(rchan.cumulative_ack)
         self.flush(link)
 

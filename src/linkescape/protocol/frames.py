@@ -48,6 +48,8 @@ class Kind(enum.IntEnum):
     BYE = 6
     #: "I found our link on rail <arg> silent": switch now, do not wait to find it too
     NOTIFY_SILENT = 7
+    #: "rank <arg> is lost": fail with it as the root cause (repeated while links remain)
+    PEER_LOST = 8
 
 
 @dataclass(frozen=True)
@@ -61,15 +63,18 @@ class Header:
     length: int
     sig: int = 0
     arg: int = 0
+    #: the sender's rails without carrier, a bitmask: level state that every
+    #: frame repeats, so a lost notification cannot leave a rail marked down
+    rails: int = 0
 
     def pack(self) -> bytes:
-        return HEADER.pack(self.kind, self.flags, 0, self.sig, self.seq, self.ack,
+        return HEADER.pack(self.kind, self.flags, self.rails, self.sig, self.seq, self.ack,
                            self.msg, self.offset, self.length, self.arg)
 
 
 def pack_header(kind: int, seq: int, ack: int, msg: int = 0, offset: int = 0, length: int = 0,
-                sig: int = 0, arg: int = 0, flags: int = 0) -> bytes:
-    return HEADER.pack(kind, flags, 0, sig, seq, ack, msg, offset, length, arg)
+                sig: int = 0, arg: int = 0, flags: int = 0, rails: int = 0) -> bytes:
+    return HEADER.pack(kind, flags, rails, sig, seq, ack, msg, offset, length, arg)
 
 
 def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
@@ -81,7 +86,7 @@ def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
     engine), which know them."""
     if len(buf) < HEADER_SIZE:
         raise ProtocolError(f"short frame header: {len(buf)} bytes")
-    kind, flags, _pad, sig, seq, ack, msg, offset, length, arg = HEADER.unpack_from(buf)
+    kind, flags, rails, sig, seq, ack, msg, offset, length, arg = HEADER.unpack_from(buf)
     if kind not in _KINDS:
         raise ProtocolError(f"unknown frame kind {kind}")
     if kind != Kind.DATA and length:
@@ -89,7 +94,7 @@ def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
     if length > max_payload:
         raise ProtocolError(f"DATA frame of {length} bytes exceeds the bound of {max_payload} "
                             f"(LINKESCAPE_MAX_FRAME_BYTES)")
-    return Header(kind, flags, seq, ack, msg, offset, length, sig, arg)
+    return Header(kind, flags, seq, ack, msg, offset, length, sig, arg, rails)
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -33,11 +33,14 @@ class Ev(enum.Enum):
     PEER_CARRIER_DOWN = "peer_carrier"  # the peer told us its NIC lost carrier
     SOCKET_ERROR = "socket_error"
     TIMEOUT = "timeout"               # silence: heartbeats or acks overdue
+    PROTOCOL_ERROR = "protocol_error"  # the link carried nonsense
+    DEGRADED = "degraded"             # carrier up, goodput below half of healthy
     PROBE = "probe"                   # start reconnecting
     PROBE_FAILED = "probe_failed"
 
 
-_DOWN_EVENTS = (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT)
+_DOWN_EVENTS = (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT, Ev.PROTOCOL_ERROR,
+                Ev.DEGRADED)
 
 _TRANSITIONS: Dict[Tuple[State, Ev], State] = {
     (State.CONNECTING, Ev.CONNECTED): State.UP,

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         say(event="ready", rank=args.rank, rails=comm.rails)
         t_end = time.time() + args.duration if args.duration else None
         it = 0
-        while (t_end is None and it < args.iters) or (t_end is not None and time.time() < t_end):
+        while (t_end is None and it < args.iters) or (t_end is not None and not _time_up(comm, t_end)):
             say(event="start", iter=it)
             t0 = time.perf_counter()
             extra = []
@@ -144,6 +144,16 @@ def main(argv=None) -> int:
         digest=digest.hexdigest())
     sys.stdout.flush()
     os._exit(0 if error is None and wrong == 0 else 1)
+
+
+def _time_up(comm, t_end: float) -> bool:
+    """Every rank stops after the same iteration: a rank that decided alone
+    would post a barrier where its peer posts another operation."""
+    flag = np.array([time.time() >= t_end], np.int32)
+    from linkescape import ReduceOp
+
+    comm.all_reduce(flag, ReduceOp.MAX)
+    return bool(flag[0])
 
 
 if __name__ == "__main__":
