@@ -112,13 +112,14 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=BACKEND)
     ap.add_argument("--world-size", default=os.environ["WORLD_SIZE"])
     ap.add_argument("-k", action="append", default=[], help="run tests whose name contains this (repeatable)")
+    ap.add_argument("--only", action="append", default=[], help="run the test of exactly this name (repeatable)")
     ap.add_argument("--json", help="write per-test outcomes and counts here")
     ap.add_argument("-v", action="store_true")
     args = ap.parse_args(argv)
     loader = unittest.TestLoader()
     names = loader.getTestCaseNames(TestBackendWithSpawn)
-    if args.k:
-        names = [n for n in names if any(k in n for k in args.k)]
+    if args.k or args.only:
+        names = [n for n in names if any(k in n for k in args.k) or n in args.only]
     suite = unittest.TestSuite(TestBackendWithSpawn(n) for n in names)
     runner = unittest.TextTestRunner(resultclass=_Result, verbosity=2 if args.v else 1, stream=sys.stderr)
     t0 = time.monotonic()
