@@ -61,6 +61,9 @@ def link_key(config: Config, store_secret: Optional[bytes], rank: int) -> Tuple[
         if len(key) < 16:
             log.warning("the link key is %d bytes long: an observer of one handshake could guess it offline; "
                         "use at least 16 random bytes", len(key))
+        if rank == 0:
+            log.info("links authenticated with the key from %s",
+                     "LINKESCAPE_AUTH_KEY" if config.auth_key is not None else config.auth_key_file)
         return key, "key"
     if not store_secret:
         raise ConfigError("no LINKESCAPE_AUTH_KEY and no per-job secret in the store")

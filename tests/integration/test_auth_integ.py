@@ -119,7 +119,7 @@ def _assert_undisturbed(results, n, min_rejected):
         assert res["wrong"] == 0, (rank, res)
         assert res["events"] == [], (rank, res["events"])  # no link ever went down, nothing failed over
         for peer, rail, state, usable, failures in res["links"]:
-            assert usable and failures == 0, (rank, res["links"])
+            assert state == "up" and failures == 0, (rank, res["links"], res["events"])
         assert res["rejected"] >= min_rejected[rank], (rank, res["rejected"], min_rejected[rank])
 
 
