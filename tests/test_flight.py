@@ -209,3 +209,49 @@ def test_dump_trace_needs_a_directory_and_a_ring(tmp_path):
         comm.barrier()
         path = comm.dump_trace(str(tmp_path / "t"))
         assert json.load(open(path))["entries"][-1]["op"] == "barrier"
+
+
+def test_each_failure_kind_dumps_with_its_reason(tmp_path):
+    from linkescape import LinkFailure, PeerLost
+
+    rec = FlightRecorder(16, rank=3, world_size=4, trace_dir=str(tmp_path))
+    errors = [CommTimeout("t", peers=[1]), PeerLost("p", peer=1), LinkFailure("l", peer=2, rails=[0, 1]),
+              CollectiveMismatch("m", peer=0, op_seq=4), ValueError("not a trigger")]
+    for seq, err in enumerate(errors, 1):
+        op = _op(seq)
+        rec.record(op, ("<f4", 4, "sum"), time.time())
+        _finish(op, err)
+    rec.close()
+    reasons = sorted(json.load(open(f))["reason"] for f in glob.glob(str(tmp_path / "*.json")))
+    assert reasons == ["link_failure", "mismatch", "peer_lost", "timeout"]
+    d = json.load(open(glob.glob(str(tmp_path / "*link_failure.json"))[0]))
+    assert d["error"] == {"type": "LinkFailure", "message": "l", "peer": 2, "rails": [0, 1]}
+
+
+def _dies(comm, trace_dir):
+    x = np.ones(64, np.float32)
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+    if comm.rank == 2:
+        os._exit(0)  # the process is gone: no goodbye, no dump
+    try:
+        comm.all_reduce(x)
+        err = None
+    except LinkEscapeError as exc:
+        err = type(exc).__name__
+    comm.flight_recorder.wait_dumps()
+    _wait_for(os.path.join(trace_dir, f"*rank{1 - comm.rank}*.json"))
+    comm.abort()
+    return err
+
+
+def test_a_lost_peer_dumps_and_analyze_names_it(tmp_path):
+    from linkescape.testing import RankError
+
+    d = str(tmp_path / "trace")
+    res = run_ranks(3, _dies, d, config=Config(timeout=20.0, trace_dir=d), timeout=60)
+    assert res[:2] == ["PeerLost", "PeerLost"] and isinstance(res[2], (RankError, BaseException)), res
+    dumps = load_dumps([d])
+    assert sorted((x["rank"], x["reason"]) for x in dumps) == [(0, "peer_lost"), (1, "peer_lost")]
+    [job] = analyze(dumps)
+    assert job["missing_ranks"] == [2] and job["behind"] == [2], job
