@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import CommClosed
 from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, PathPolicy
+from ..protocol.railstate import RailWord
 from .completion import OpTable
 from .driver import Driver
 from .io import IoSet
@@ -29,9 +30,6 @@ from .messages import Op
 from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
-
-#: rails whose carrier state every frame carries (the header has 8 bits for it)
-RAIL_BITS = 8
 
 
 class Engine:
@@ -58,9 +56,8 @@ class Engine:
         self.severed: List[Link] = []
         #: bytes a link may have queued before the sender stops carving frames
         self.watermark = 2 * config.chunk_bytes
-        #: our rails without carrier (bits 0-7) and a generation (bits 8-15)
-        #: that grows with every change; every frame carries it (level state)
-        self.rails_word = 0
+        #: our rails without carrier; every frame carries the word (level state)
+        self.rails = RailWord()
         self.next_timer = 0.0
         self._last_timers = time.monotonic()
         #: called when a down link should be re-dialed now (set by Recovery)
@@ -119,15 +116,13 @@ class Engine:
     def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         self.liveness.probe_failed(self.peers[peer_rank], rail, refused)
 
+    @property
+    def rails_word(self) -> int:
+        return self.rails.word
+
     def set_rail_state(self, rail: int, down: bool) -> None:
         """Record our NIC on ``rail`` as down or up in the word every frame carries."""
-        if rail >= RAIL_BITS:
-            return
-        mask = self.rails_word & 0xFF
-        new = mask | (1 << rail) if down else mask & ~(1 << rail)
-        if new != mask:
-            gen = ((self.rails_word >> 8) + 1) & 0xFF
-            self.rails_word = (gen << 8) | new
+        self.rails.set(rail, down)
 
     def redial(self) -> None:
         if self.on_redial is not None:

@@ -17,6 +17,7 @@ from ..errors import LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
 from ..protocol.frames import Header, Kind
 from ..protocol.linkstate import Ev, LinkStatus, State
+from ..protocol.railstate import PeerRails
 from ..transport.tcp import ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
@@ -61,8 +62,7 @@ class PeerChannel:
         #: whether each rail's NIC on the peer's side lost carrier (from the
         #: rail word every frame of the peer carries, and its notifications)
         self.peer_carrier_down: Dict[int, bool] = {}
-        #: the last rail word applied (bits 0-7 rails down, 8-15 generation)
-        self.peer_rails_word = 0
+        self.peer_rails = PeerRails()
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
         #: bytes moved by this peer's links that are closed now, per rail
@@ -270,23 +270,17 @@ class PeerChannel:
                 host.redial()
 
     def on_peer_rails(self, word: int) -> None:
-        """The peer's rails without carrier, as every frame repeats them.
-        Frames on different links can overtake each other, so only a newer
-        generation counts."""
-        old = self.peer_rails_word
-        ahead = ((word >> 8) - (old >> 8)) & 0xFF
-        if not 0 < ahead < 128:
-            return
-        self.peer_rails_word = word
+        """The peer's rails without carrier, as every frame repeats them."""
+        down, up = self.peer_rails.apply(word)
         now = time.monotonic()
-        for rail in range(min(len(self.links), 8)):
-            bit = 1 << rail
-            if word & bit and not old & bit:
+        for rail in down:
+            if rail < len(self.links):
                 self.peer_carrier_down[rail] = True
                 link = self.links[rail]
                 if link is not None:
                     self.link_down(link, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
-            elif old & bit and not word & bit:
+        for rail in up:
+            if rail < len(self.links):
                 self.peer_carrier_down[rail] = False
                 st = self.status[rail]
                 if st.state is State.DOWN:

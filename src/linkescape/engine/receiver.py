@@ -105,7 +105,7 @@ class Receiver:
                     continue
                 if hdr.ack:
                     peer.send.on_ack(hdr.ack)
-                if hdr.rails != peer.peer_rails_word:
+                if hdr.rails != peer.peer_rails.word:
                     peer.on_peer_rails(hdr.rails)
                     if peer.links[link.rail] is not link:
                         return  # this very rail is down on the peer's side
