@@ -13,7 +13,7 @@ from linkescape.events import CAUSES, EVENTS, FIELDS, EventLog, expand_path, rea
 
 def test_contract_names():
     assert EVENTS == ("link_down", "failover", "link_up", "failback", "no_path", "peer_lost")
-    assert CAUSES == ("carrier", "peer_carrier", "socket_error", "timeout")
+    assert CAUSES == ("carrier", "peer_carrier", "socket_error", "timeout", "protocol_error", "degraded")
 
 
 def test_rank_substitution_and_parent_dirs(tmp_path):

@@ -204,8 +204,12 @@ class PeerChannel:
             return
         except ProtocolError as exc:
             self.protocol_error(link, exc)
-        except LinkEscapeError as exc:
+        except LinkEscapeError as exc:  # the ranks disagree (CollectiveMismatch): the job is wrong
             self.host.set_fatal(exc)
+            # stop reading this link: its frame has nowhere to go (a hang-up still shows)
+            link.reset_read()
+            link.parked = True
+            self.host.io.want(link, POLLOUT if link.out else 0)
         except Exception as exc:  # OSError, LinkClosed
             if is_disconnect(exc):
                 self.on_disconnect(link, exc)
