@@ -117,12 +117,15 @@ def fault_onsets(runner_log: Sequence[Mapping[str, Any]]) -> List[Tuple[float, s
 
 def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval],
            runner_log: Sequence[Mapping[str, Any]], schedule: Schedule, *, world: int, rate_bps: float,
-           silent: float, heartbeat: float, t_end: float, tcp: Sequence[Sequence[Any]] = ()) -> Dict[str, Any]:
+           silent: float, heartbeat: float, t_end: float, tcp: Sequence[Sequence[Any]] = (),
+           events: Optional[Mapping[int, Sequence[Mapping[str, Any]]]] = None) -> Dict[str, Any]:
     """Every step's stall, its condition and bound; the longest stall and every violation."""
     normals = normal_times(steps, intervals, world, rate_bps)
     timeline = [p for p in path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end) if p[2] != "clean"]
     onsets = fault_onsets(runner_log)
     ctx = _Context(timeline, onsets, Spans((iv[0], iv[1]) for iv in intervals), silent, heartbeat)
+    ctx.returns = Spans((e["ts"], e["ts"]) for evs in (events or {}).values() for e in evs
+                        if e.get("event") in ("failback", "link_up"))
     spans = fault_spans(runner_log)
     rows: List[Dict[str, Any]] = []
     for rank, recs in steps.items():
@@ -141,7 +144,7 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
         c["longest_stall_s"] = max(c["longest_stall_s"], r["stall"])
     viol = [r for r in rows if r["violation"] and judged(r["condition"])]
     viol.sort(key=lambda r: -(r["stall"] - r["bound"]))
-    base = [r for r in rows if r["condition"] == "no_fault"]
+    base = [r for r in rows if not judged(r["condition"])]
     judged_rows = [r for r in rows if judged(r["condition"])]
     return {"longest": judged_rows[0] if judged_rows else None, "baseline_longest": base[0] if base else None,
             "baseline_over_100ms": sum(1 for r in base if r["violation"]),
@@ -161,6 +164,7 @@ class _Context:
         self.on_det = np.array([detect_time(o[1], silent, heartbeat) for o in onsets])
         self.spans = spans
         self.max_det = max([silent + heartbeat + TICK, CUT_DETECT])
+        self.returns = Spans(())  # failback and link_up events
 
     def outages(self, a: float, b: float) -> List[Tuple[float, float, str]]:
         lo = int(np.searchsorted(self.t_ends, a, side="right"))
@@ -202,7 +206,9 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
     elif det or ctx.spans.overlaps(t0, t1):
         row["condition"] = "path_left"
     elif ctx.spans.ends_within(t0 - QUIET_BEFORE_REPAIR, t1):
-        row["condition"] = "failback"  # a repair in the 3 s before: traffic moves back to the repaired rail
+        # A repair in the 3 s before: judged when the library moved traffic back (failback or a link
+        # re-opened) during the step; otherwise nothing of the library changed, like a quiet step.
+        row["condition"] = "failback" if ctx.returns.ends_within(t0 - 0.2, t1) else "after_repair"
     else:
         row["condition"] = "no_fault"
     row["bound"] = bound
@@ -229,8 +235,9 @@ def tcp_between(tcp: Sequence[Sequence[Any]], a: float, b: float) -> Dict[str, i
 
 def judged(condition: str) -> bool:
     """Whether a step of this condition counts for the verdict: every condition a fault made.
-    ``no_fault`` steps (no fault within 0.5 s, no repair in the 3 s before) are the baseline."""
-    return condition != "no_fault"
+    ``no_fault`` steps (no fault within 0.5 s, no repair in the 3 s before) and ``after_repair`` ones
+    (a repair in the 3 s before, but no failback or re-opened link during the step) are the baseline."""
+    return condition not in ("no_fault", "after_repair")
 
 
 def fault_spans(runner_log: Sequence[Mapping[str, Any]]) -> Dict[int, Tuple[float, float]]:
@@ -294,14 +301,17 @@ def detection(runner_log: Sequence[Mapping[str, Any]], intervals: Sequence[Inter
         me = rank_of_host.get(h)
         loc = _first_event(events.get(me, []), ts - 0.05, end, rail=r)
         d["local"].append(None if loc is None else loc - ts)
+        peers = {}
         for host, rank in rank_of_host.items():
             if host == h or _down_before(ivs, host, r, ts):
                 continue
             got = _first_event(events.get(rank, []), ts - 0.05, end, rail=r, peer=me)
-            d["peer"].append(None if got is None else got - ts)
+            peers[rank] = None if got is None else got - ts
+            d["peer"].append(peers[rank])
         samples.append({"fault": rec["fault"], "kind": kind, "host": h, "rail": r, "ts": ts,
-                        "local_s": d["local"][-1]})
-    return {kind: {side: _summary(vals) for side, vals in d.items()} for kind, d in per_kind.items()}
+                        "local_s": d["local"][-1], "peer_s": peers})
+    out: Dict[str, Any] = {kind: {side: _summary(vals) for side, vals in d.items()} for kind, d in per_kind.items()}
+    return {"by_kind": out, "samples": samples}
 
 
 def _down_before(ivs: Sequence[Interval], h: int, r: int, ts: float) -> bool:

@@ -70,6 +70,27 @@ def run_dir(opts: ChaosOptions) -> str:
     return path
 
 
+def library_version() -> Dict[str, Any]:
+    """The package version, and the git commit (and uncommitted files) of its source tree, if any."""
+    import subprocess
+
+    import linkescape
+
+    src = os.path.dirname(os.path.abspath(linkescape.__file__))
+    out: Dict[str, Any] = {"version": getattr(linkescape, "__version__", None), "path": src}
+    try:
+        head = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode == 0:
+            out["commit"] = head.stdout.strip()
+            st = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", "."], capture_output=True,
+                                text=True, timeout=10)
+            out["dirty"] = [line[3:] for line in st.stdout.splitlines() if line[:2].strip() and line.endswith(".py")]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
     """Run the soak; returns the report dict (``report["exit_code"]`` is 0 only when everything held)."""
     from ..config import Config
@@ -93,6 +114,7 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
         f"{schedule.duration:.0f} s, seed {schedule.seed}, {len(schedule.faults)} faults "
         f"({', '.join(f'{k} {v}' for k, v in schedule.counts().items())}); run directory {rdir}")
     t_start = time.time()
+    load_start = os.getloadavg()
     ranks = None
     runner = None
     hung_during: Optional[str] = None
@@ -146,6 +168,8 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
                    events_tmpl=events_tmpl, t_start=t_start, t_end=t_end, hung_during=hung_during,
                    setup_error=setup_error)
     data["tcp"] = tcp
+    data["library"] = library_version()
+    data["machine"] = {"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg()}
     with open(os.path.join(rdir, "run.json"), "w") as fh:
         json.dump(data, fh, default=str)
     report = build_report(data, schedule)

@@ -149,12 +149,16 @@ def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     # -- stalls and bounds
     st = analysis.stalls(steps, intervals, log, schedule, world=world, rate_bps=rate_bps,
                          silent=cfg["silent_timeout_ms"] / 1000.0, heartbeat=cfg["heartbeat_ms"] / 1000.0, t_end=t_end,
-                         tcp=data.get("tcp") or ())
+                         tcp=data.get("tcp") or (), events=events)
     rep["tcp"] = analysis.tcp_between(data.get("tcp") or (), data["t_start"], t_end)
     rep["stalls"] = st
     if st["violation_count"]:
         reasons.append(f"{st['violation_count']} step(s) stalled beyond their bound")
-    rep["detection"] = analysis.detection(log, intervals, events, schedule, {h: h for h in range(world)})
+    det = analysis.detection(log, intervals, events, schedule, {h: h for h in range(world)})
+    rep["detection"] = det["by_kind"]
+    rep["detection_samples"] = det["samples"]
+    rep["library"] = data.get("library")
+    rep["machine"] = data.get("machine")
     rep["false_trips"] = analysis.false_trips(events, intervals, {r: r for r in range(world)})
     rep["events"] = analysis.event_counts(events)
     rep["resources"] = {st_["rank"]: st_["resources"] for st_ in states}
@@ -184,6 +188,14 @@ def format_report(rep: Dict[str, Any]) -> str:
     add(f"linkescape chaos report: seed {rep['seed']}, {rep['hosts']} hosts x {rep['rails']} rails at "
         f"{rep['rate'] or 'unshaped'}, {rep['duration_s']:.0f} s of faults ({rep['wall_s']:.0f} s wall)")
     add(f"  run directory: {rep['run_dir']}  (schedule.json replays it: linkescape chaos --schedule ...)")
+    lib = rep.get("library") or {}
+    if lib:
+        add(f"  library: {lib.get('version')} at {lib.get('commit') or '?'}"
+            + (f" + uncommitted changes in {', '.join(lib['dirty'][:6])}" if lib.get("dirty") else ""))
+    m = rep.get("machine") or {}
+    if m:
+        add(f"  machine: {m.get('cpus')} CPUs, load average {m['load_start'][0]:.1f} at the start, "
+            f"{m['load_end'][0]:.1f} at the end (stalls include any CPU contention)")
     f = rep["faults"]
     add("faults by kind (applied / planned): " + ", ".join(
         f"{k} {f['applied'].get(k, 0)}/{v}" for k, v in f["planned"].items()) + f"; {f['total_applied']} in all, "
@@ -265,7 +277,8 @@ def _stalls(st: Dict[str, Any], add, t0: float) -> None:
             + (f"; {'; '.join(v.get('faults', [])[:3])}" if v.get("faults") else ""))
     b = st.get("baseline_longest")
     if b:
-        add(f"baseline (no fault within 0.5 s, no repair in the 3 s before; not judged): longest stall "
+        add(f"baseline (not judged: no fault within 0.5 s, and no repair in the 3 s before or no failback or "
+            f"link re-opened during the step): longest stall "
             f"{_ms(b['stall'])} (step {b['k']} {b['kind']} at {b['t0'] - t0:.2f} s"
             + (f", TCP RTOs then: {b['tcp'].get('rto')}" if b.get("tcp") else "")
             + f"); {st['baseline_over_100ms']} step(s) over 100 ms")

@@ -1,0 +1,128 @@
+"""The chaos analysis judges stalls against the issue-7 bounds, measures detection, finds false trips."""
+
+from __future__ import annotations
+
+import pytest
+
+from linkescape.chaos import analysis
+from linkescape.faults import scripted
+
+T0 = 1000.0  # wall time of schedule offset 0
+RATE = 1e9
+SILENT, HB = 0.2, 0.05
+
+
+def _step(k, t0, dur, kind="op", ops=(("all_reduce", "int32", 64),)):
+    return {"k": k, "kind": kind, "ops": [list(o) for o in ops], "t0": T0 + t0, "t1": T0 + t0 + dur, "wrong": 0}
+
+
+def _quiet_steps(start=30.0, n=20):
+    """Enough quiet, fast steps of the same class to give a normal time of 2 ms."""
+    return [_step(100 + i, start + 0.01 * i, 0.002) for i in range(n)]
+
+
+def _run(faults, steps, hosts=2, events=None):
+    sched = scripted(faults, hosts=hosts, rails=2, duration=60)
+    log, ivs = [], []
+    for f in sched.faults:
+        for t0, t1, h, r, m in f.intervals():
+            log.append({"fault": f.id, "action": "apply", "mechanism": m, "host": h, "rail": r, "ts": T0 + t0})
+            log.append({"fault": f.id, "action": "repair", "mechanism": m, "host": h, "rail": r, "ts": T0 + t1})
+            ivs.append((T0 + t0, T0 + t1, h, r, m))
+    res = analysis.stalls({0: steps + _quiet_steps()}, ivs, log, sched, world=hosts, rate_bps=RATE, silent=SILENT,
+                          heartbeat=HB, t_end=T0 + 60, events=events)
+    rows = {}
+    for v in res["violations"] + res["top"]:
+        rows[v["k"]] = v
+    return res, rows
+
+
+def test_with_a_path_left_a_cut_allows_its_detection_plus_100_ms():
+    cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 2.0}]
+    res, rows = _run(cut, [_step(1, 9.99, 0.10)])  # 98 ms beyond normal: within 100 ms + 10 ms
+    assert res["violation_count"] == 0 and rows[1]["condition"] == "path_left"
+    assert rows[1]["bound"] == pytest.approx(0.1 + analysis.CUT_DETECT)
+    res, rows = _run(cut, [_step(1, 9.99, 0.40)])
+    assert res["violation_count"] == 1 and rows[1]["violation"]
+
+
+def test_a_blackhole_allows_the_silent_timeout_and_a_heartbeat():
+    bh = [{"kind": "blackhole", "host": 1, "rail": 0, "at": 10.0, "hold": 2.0}]
+    res, rows = _run(bh, [_step(1, 10.0, 0.35)])
+    assert res["violation_count"] == 0 and rows[1]["bound"] == pytest.approx(0.1 + SILENT + HB + 0.01)
+    res, _ = _run(bh, [_step(1, 10.0, 0.50)])
+    assert res["violation_count"] == 1
+
+
+def test_no_path_allows_one_and_a_half_seconds_after_the_path_returns():
+    iso = [{"kind": "isolate", "targets": [[1, 0], [1, 1]], "at": 10.0, "hold": 2.0}]
+    res, rows = _run(iso, [_step(1, 9.9, 2.1 + 1.4)])  # path back at 12.0, done 1.4 s later
+    assert res["violation_count"] == 0 and rows[1]["condition"] == "no_path"
+    assert rows[1]["stall"] > 3.0  # the stall itself is long; the bound is what counts
+    res, rows = _run(iso, [_step(1, 9.9, 2.1 + 1.7)])
+    assert res["violation_count"] == 1 and rows[1]["condition"] == "no_path"
+    res, rows = _run(iso, [_step(1, 12.5, 0.9)])  # started after the path came back, still recovering
+    assert res["violation_count"] == 0 and rows[1]["condition"] == "after_no_path"
+    res, rows = _run(iso, [_step(1, 10.5, 1.0)])  # ended during the outage: nothing to judge
+    assert rows[1]["condition"] == "during_no_path" and not rows[1]["violation"]
+
+
+def test_cross_is_no_path_and_lossy_only_is_degraded():
+    cross = [{"kind": "cross", "targets": [[0, 0], [1, 1]], "at": 10.0, "hold": 1.0}]
+    _, rows = _run(cross, [_step(1, 9.95, 2.0)])
+    assert rows[1]["condition"] == "no_path"
+    deg = [{"kind": "cut", "host": 0, "rail": 1, "at": 5.0, "hold": 10.0},
+           {"kind": "lossy", "host": 0, "rail": 0, "at": 10.0, "hold": 1.0, "loss": 10}]
+    _, rows = _run(deg, [_step(1, 9.95, 2.0)])
+    assert rows[1]["condition"] == "degraded"
+
+
+def test_failback_stalls_are_judged_and_quiet_ones_are_the_baseline():
+    cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 1.0}]
+    back = {0: [{"ts": T0 + 12.2, "event": "failback", "peer": 1, "rail": 0, "from_rail": 1, "cause": None}]}
+    res, rows = _run(cut, [_step(1, 12.0, 0.5), _step(2, 20.0, 0.6), _step(3, 13.0, 0.7)], events=back)
+    assert rows[1]["condition"] == "failback" and rows[1]["violation"]  # traffic moved back during it
+    assert rows[3]["condition"] == "after_repair"  # after the repair, but the library did nothing then
+    assert rows[2]["condition"] == "no_fault"
+    assert res["violation_count"] == 1  # the quiet steps are reported, not judged
+    assert res["baseline_longest"]["k"] == 3 and res["baseline_over_100ms"] == 2
+
+
+def test_normal_time_comes_from_quiet_steps_of_the_same_class_or_the_wire():
+    big = ("all_reduce", "float32", 4 << 20)
+    wire = analysis.wire_bytes("all_reduce", 4 << 20, 2) * 8 / RATE
+    res, rows = _run([], [_step(1, 40.0, wire + 0.05, ops=(big,))])
+    assert rows[1]["normal"] == pytest.approx(wire) and rows[1]["stall"] == pytest.approx(0.05)
+
+
+def test_detection_latency_local_and_peer_and_misses():
+    sched = scripted([{"kind": "cut", "host": 0, "rail": 1, "at": 1.0, "hold": 1.0},
+                      {"kind": "lossy", "host": 1, "rail": 0, "at": 5.0, "hold": 1.0, "loss": 1}], hosts=3, rails=2)
+    log = [{"fault": 0, "action": "apply", "mechanism": "cut", "host": 0, "rail": 1, "ts": 11.0},
+           {"fault": 1, "action": "apply", "mechanism": "lossy", "host": 1, "rail": 0, "ts": 15.0}]
+    ivs = [(11.0, 12.0, 0, 1, "cut"), (15.0, 16.0, 1, 0, "lossy")]
+    events = {0: [{"ts": 11.002, "event": "link_down", "peer": 1, "rail": 1, "cause": "carrier"}],
+              1: [{"ts": 11.004, "event": "failover", "peer": 0, "rail": 0, "from_rail": 1, "cause": "peer_carrier"},
+                  {"ts": 11.5, "event": "link_down", "peer": 2, "rail": 1, "cause": "timeout"}],
+              2: [{"ts": 11.3, "event": "link_down", "peer": 0, "rail": 1, "cause": "timeout"}]}
+    det = analysis.detection(log, ivs, events, sched, {0: 0, 1: 1, 2: 2})["by_kind"]
+    assert det["cut"]["local"]["n"] == 1 and det["cut"]["local"]["median_ms"] == pytest.approx(2.0)
+    assert det["cut"]["peer"]["n"] == 2 and det["cut"]["peer"]["max_ms"] == pytest.approx(300.0)
+    assert det["lossy"]["local"] == {"n": 0, "missed": 1}  # a 1 % lossy rail went unnoticed
+
+
+def test_false_trips_are_link_downs_with_no_fault_on_either_end():
+    ivs = [(10.0, 11.0, 0, 0, "cut")]
+    events = {1: [{"ts": 10.5, "event": "link_down", "peer": 0, "rail": 0, "cause": "peer_carrier"},
+                  {"ts": 30.0, "event": "link_down", "peer": 2, "rail": 1, "cause": "timeout"},
+                  {"ts": 13.0, "event": "link_down", "peer": 0, "rail": 0, "cause": "socket_error"}]}
+    ft = analysis.false_trips(events, ivs, {0: 0, 1: 1, 2: 2})
+    assert ft["count"] == 1 and ft["examples"][0]["ts"] == 30.0
+    assert ft["after_repair"] == 1
+
+
+def test_tcp_counters_between_two_times():
+    tcp = [[0.0, [{"rto": 1, "retrans": 5}, {"rto": 0, "retrans": 0}]],
+           [1.0, [{"rto": 3, "retrans": 9}, {"rto": 2, "retrans": 1}]],
+           [2.0, [{"rto": 3, "retrans": 9}, None]]]
+    assert analysis.tcp_between(tcp, 0.2, 0.8) == {"rto": 4, "retrans": 5}

@@ -1,0 +1,63 @@
+"""``linkescape chaos`` options, the printed schedule, and replaying one (no root needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from linkescape.chaos.cli import chaos, parse_duration
+from linkescape.cli import main
+from linkescape.faults import Schedule
+
+
+def test_durations():
+    assert parse_duration("60s") == 60 and parse_duration("10m") == 600 and parse_duration("1h") == 3600
+    assert parse_duration("500ms") == 0.5 and parse_duration("90") == 90
+    for bad in ("", "10x", "-5s", "0"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+def test_schedule_only_prints_the_seed_and_plan_reproducibly(tmp_path):
+    runner = CliRunner()
+    out1 = runner.invoke(main, ["chaos", "--schedule-only", "--duration", "60s", "--seed", "42",
+                                "--json", str(tmp_path / "s.json")])
+    out2 = runner.invoke(main, ["chaos", "--schedule-only", "--duration", "1m", "--seed", "42"])
+    assert out1.exit_code == 0, out1.output
+    assert out1.output == out2.output
+    assert out1.output.startswith("seed 42: ")
+    sched = Schedule.load(str(tmp_path / "s.json"))
+    assert sched.seed == 42 and sched.duration == 60 and len(out1.output.splitlines()) == len(sched.faults) + 1
+
+
+def test_a_saved_schedule_replays_and_a_window_cuts_it(tmp_path):
+    runner = CliRunner()
+    runner.invoke(chaos, ["--schedule-only", "--duration", "2m", "--seed", "7", "--json", str(tmp_path / "a.json")])
+    again = runner.invoke(chaos, ["--schedule-only", "--schedule", str(tmp_path / "a.json")])
+    first = runner.invoke(chaos, ["--schedule-only", "--duration", "2m", "--seed", "7"])
+    assert again.output == first.output
+    win = runner.invoke(chaos, ["--schedule-only", "--schedule", str(tmp_path / "a.json"), "--window", "30:40",
+                                "--json", str(tmp_path / "w.json")])
+    assert win.exit_code == 0, win.output
+    w = json.loads((tmp_path / "w.json").read_text())
+    assert w["params"]["window"] == [30.0, 40.0] and all(0 <= f["at"] < 10 for f in w["faults"])
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(chaos, ["--schedule-only", "--kinds", "melt"]).exit_code == 2
+    assert runner.invoke(chaos, ["--schedule-only", "--duration", "soon"]).exit_code == 2
+    other = tmp_path / "x.json"
+    runner.invoke(chaos, ["--schedule-only", "--hosts", "3", "--duration", "30s", "--seed", "1", "--json", str(other)])
+    res = runner.invoke(chaos, ["--schedule-only", "--schedule", str(other), "--hosts", "4"])
+    assert res.exit_code == 2 and "3 hosts" in res.output
+
+
+def test_chaos_needs_root(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    res = CliRunner().invoke(chaos, ["--duration", "5s", "--seed", "1"])
+    assert res.exit_code == 1 and "root" in res.output

@@ -1,0 +1,61 @@
+"""Schedules that found bugs, replayed: each is fixed by its seed and kept until the escape holds.
+
+Every file in ``schedules/`` is a schedule the chaos soak ran (or its window)
+with its seed and, in ``params.note``, what went wrong. A test replays it on a
+fresh testbed and asserts the report's verdict, plus the property the bug
+broke. They fail against the library as it was when they were found; the
+report in the failure message says what happened this time.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from linkescape.chaos import ChaosOptions, run_chaos
+from linkescape.chaos.report import format_report
+from linkescape.faults import Schedule
+from linkescape.testbed.pytest_fixtures import require_nft, require_testbed
+
+pytestmark = pytest.mark.testbed
+
+HERE = os.path.join(os.path.dirname(__file__), "schedules")
+
+
+def _replay(name: str, tmp_path):
+    require_testbed()
+    require_nft()
+    sched = Schedule.load(os.path.join(HERE, name))
+    rep = run_chaos(ChaosOptions(hosts=sched.hosts, rails=sched.rails, duration=sched.duration, seed=sched.seed,
+                                 schedule=sched, live=False, out=str(tmp_path / "run")), say=lambda _l: None)
+    text = format_report(rep) + f"\nbug: {sched.params.get('note')}"
+    assert rep["wrong"]["elements"] == 0 and not rep["errors"] and not rep["hung"], text
+    return rep, text
+
+
+def test_a_lossy_primary_is_left_and_nothing_stalls(tmp_path):
+    rep, text = _replay("lossy_primary.json", tmp_path)
+    assert rep["detection"].get("lossy", {}).get("local", {}).get("n") == 1, text  # the rank noticed its lossy rail
+    assert rep["exit_code"] == 0, text
+
+
+def test_cuts_with_a_path_left_stall_no_longer_than_detection_plus_100ms(tmp_path):
+    rep, text = _replay("cuts_with_a_path.json", tmp_path)
+    assert rep["detection"]["cut"]["local"]["missed"] == 0, text
+    assert rep["exit_code"] == 0, text
+
+
+def test_a_healthy_link_is_not_declared_dead(tmp_path):
+    rep, text = _replay("healthy_link_timeout.json", tmp_path)
+    assert rep["false_trips"]["count"] == 0, text
+    assert rep["exit_code"] == 0, text
+
+
+def test_every_peer_notices_an_isolated_host_within_the_silent_timeout(tmp_path):
+    rep, text = _replay("isolated_host_cut.json", tmp_path)
+    silent = (rep["config"]["silent_timeout_ms"] + rep["config"]["heartbeat_ms"] + 100) / 1000.0
+    late = [s for s in rep["detection_samples"] if s["kind"] == "cut"
+            for v in s["peer_s"].values() if v is not None and v > silent]
+    assert not late, text
+    assert rep["exit_code"] == 0, text
