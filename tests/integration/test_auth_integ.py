@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from linkescape import AuthError, Communicator, Config, FileStore
-from linkescape.protocol.frames import HEADER_SIZE, Kind, pack_header
+from linkescape.protocol.frames import Kind, pack_header
 from linkescape.protocol.handshake import (CHALLENGE, MAGIC, PROOF, Hello, Msg, decode_messages, proof)
 from linkescape.rendezvous import KEY_ADDR, KEY_JOB, KEY_SECRET
 from linkescape.testing import raise_first, run_ranks

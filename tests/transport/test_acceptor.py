@@ -308,3 +308,29 @@ def test_closing_the_acceptor_closes_what_is_pending():
     assert acc.poll(lambda *a: 1) == []
     s.close()
     l.close()
+
+
+def test_a_dial_from_another_host_outlasts_a_flood_of_stalled_hellos(harness):
+    """A store reader's HELLOs are well formed, so they count as advanced as
+    a real dial's: the host holding the most slots makes room first."""
+    h = harness(max_pending_handshakes=8)
+    auth = LinkAuth(b"not the key, but a valid hello!!", JOB, 2, 3, 1)
+    stalled = []
+    real = socket.create_connection(h.addr, source_address=("127.0.0.2", 0))
+    hs = LinkAuth(KEY, JOB, 2, 3, 1).dialer(0, 0, 9, 1, time.monotonic() + 10)
+    real.sendall(hs.data_to_send())
+    real.settimeout(10)
+    hs.receive_data(real.recv(CHALLENGE.size), time.monotonic())  # the real dial now waits, as if slow
+    for _ in range(40):  # then a flood of HELLOs that never prove anything
+        s = socket.create_connection(h.addr, source_address=("127.0.0.1", 0))
+        s.sendall(auth.dialer(0, 0, 1 << 30, 1, time.monotonic() + 10).data_to_send())
+        stalled.append(s)
+    deadline = time.monotonic() + 5
+    while h.acceptor.rejected_by.get("evicted", 0) < 33 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    real.sendall(hs.data_to_send())  # the proof, late: its slot was kept
+    while not hs.done:
+        hs.receive_data(real.recv(hs.want()), time.monotonic())
+    assert hs.state == "established" and len(h.wait_links(1)) == 1
+    for s in stalled + [real]:
+        s.close()

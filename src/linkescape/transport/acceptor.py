@@ -9,9 +9,10 @@ handshake side by side with the others, each with a deadline, and at most
   second costs one read per byte, and the job's own re-dials go through
   beside it.
 - A new connection always gets a slot; when the slots are full the least
-  advanced handshake (no HELLO yet before a HELLO without proof, the oldest
-  first) makes room. A re-dial sends its HELLO and its proof as soon as it can,
-  so floods of connections that connect and close, or stall, go first.
+  advanced handshake (no HELLO yet before a HELLO without proof; then the one
+  from the host that holds the most slots; then the oldest) makes room. A
+  re-dial sends its HELLO and its proof as soon as it can, so floods of
+  connections that connect and close, or stall, go first.
 - ``fileno()`` (an epoll descriptor, which a select/poll loop can wait on) is
   readable when there is work: a connection, bytes, or a deadline that passed
   (a timerfd), so a loop that waits on it reaps stalled handshakes in time.
@@ -242,6 +243,14 @@ class Acceptor:
             self._epoll.unregister(fd)
         except (OSError, ValueError):
             pass
+        if reason is None:
+            reason = ("auth" if isinstance(exc, AuthError) else "handshake" if isinstance(exc, HandshakeError)
+                      else "closed")
+        if isinstance(exc, AuthError) and exc.peer is not None:
+            self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
+        self.rejected += 1  # counted before the other side can see the close
+        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1
+        self._log(p, reason, exc)
         if p.hs.state == "failed" and not p.out:  # best effort: tell the dialer why
             rest = p.hs.data_to_send()
             if rest:
@@ -250,14 +259,6 @@ class Acceptor:
                 except OSError:
                     pass
         p.sock.close()
-        if reason is None:
-            reason = ("auth" if isinstance(exc, AuthError) else "handshake" if isinstance(exc, HandshakeError)
-                      else "closed")
-        if isinstance(exc, AuthError) and exc.peer is not None:
-            self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
-        self.rejected += 1
-        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1
-        self._log(p, reason, exc)
 
     def _log(self, p: _Pending, reason: str, exc: BaseException) -> None:
         now = time.monotonic()
@@ -274,7 +275,12 @@ class Acceptor:
     def _evict(self) -> None:
         if not self.pending:
             return
-        victim = min(self.pending.values(), key=lambda q: (q.hs.progress, q.started))
+        per_host: Dict[str, int] = {}
+        for q in self.pending.values():
+            per_host[q.addr[0]] = per_host.get(q.addr[0], 0) + 1
+        # least advanced first; among those, from the host holding the most
+        # slots (a flood from one host before a peer's one dial); oldest first
+        victim = min(self.pending.values(), key=lambda q: (q.hs.progress, -per_host[q.addr[0]], q.started))
         self._reject(victim, HandshakeError(f"{self.limit} handshakes pending: the least advanced made room"),
                      reason="evicted")
 
