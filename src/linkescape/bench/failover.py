@@ -412,11 +412,18 @@ def namespace_congestion(tb, host: int = 0) -> str:
 
 
 def _apply_fault(tb, kind: str, host: int, rail: int) -> float:
-    if kind == "cut":
-        return tb.cut(host, rail)
-    if kind == "blackhole":
-        return tb.blackhole(host, rail)
-    raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
+    """Make one fault through the shared testbed injector (:mod:`linkescape.faults`)."""
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
+    from ..faults import TestbedInjector
+
+    return TestbedInjector(tb).apply(kind, host, rail)
+
+
+def _repair_fault(tb, kind: str, host: int, rail: int) -> float:
+    from ..faults import TestbedInjector
+
+    return TestbedInjector(tb).repair(kind, host, rail)
 
 
 # ------------------------------------------------------------- fault series
@@ -470,7 +477,7 @@ def run_fault_series(tb, kind: str, st: Settings, log: Log, count: Optional[int]
             until = max(t_fault + st.hold_s, (last_det or time.time()) + st.after_detect_s)
             time.sleep(max(0.0, until - time.time()))
             rec["t_restore_cmd"] = time.time()
-            rec["t_restore"] = tb.restore(host, st.fault_rail)
+            rec["t_restore"] = _repair_fault(tb, kind, host, st.fault_rail)
             # Failback: every pair that failed over is back on the primary.
             deadline = rec["t_restore"] + st.failback_timeout_s
             while time.time() < deadline:
@@ -819,10 +826,10 @@ def run_mptcp_series(tb, st: Settings, cc: Optional[str], log: Log, trials: int)
                 first = client.stdout.readline().strip()
                 time.sleep(st.baseline_s + 1.0)  # slow start over, backup subflows joined
                 t_cmd = time.time()
-                t_fault = tb.cut(1, 0)
+                t_fault = _apply_fault(tb, "cut", 1, 0)
                 time.sleep(3.0)
                 t_rcmd = time.time()
-                t_restore = tb.restore(1, 0)
+                t_restore = _repair_fault(tb, "cut", 1, 0)
                 time.sleep(0.3)
             finally:
                 with open(stop, "w"):

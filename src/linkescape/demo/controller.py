@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import faults as _faults
 from ..events import expand_path
 from .model import DEFAULT_SIZE
 
@@ -149,57 +150,35 @@ def plan_faults(duration: float, hosts: int, rails: int) -> List[Fault]:
 
 
 # ------------------------------------------------------------------ fault injectors
-class Injector:
-    """How faults reach a rail: the testbed's kernel objects, or the ranks themselves."""
-
-    emulated = False
-
-    def cut(self, host: int, rail: int) -> float:
-        raise NotImplementedError
-
-    def blackhole(self, host: int, rail: int) -> float:
-        raise NotImplementedError
-
-    def restore(self, host: int, rail: int) -> float:
-        raise NotImplementedError
+# The shared fault schedule and injectors (linkescape.faults): real faults on
+# the testbed, or Communicator.inject_fault inside the ranks (emulated).
+Injector = _faults.Injector
 
 
-class TestbedInjector(Injector):
-    __test__ = False
-
-    def __init__(self, tb) -> None:
-        self.tb = tb
-
-    def cut(self, host: int, rail: int) -> float:
-        return self.tb.cut(host, rail)
-
-    def blackhole(self, host: int, rail: int) -> float:
-        return self.tb.blackhole(host, rail)
-
-    def restore(self, host: int, rail: int) -> float:
-        return self.tb.restore(host, rail)
+def TestbedInjector(tb) -> _faults.Injector:  # noqa: N802 - kept as the demo's name for it
+    return _faults.TestbedInjector(tb)
 
 
-class EmulatedInjector(Injector):
-    emulated = True
+def EmulatedInjector(control_dir: str) -> _faults.Injector:  # noqa: N802
+    from .emulated import FaultClient
 
-    def __init__(self, control_dir: str) -> None:
-        from .emulated import FaultClient
+    return _faults.EmulatedInjector(FaultClient(control_dir).apply)
 
-        self.client = FaultClient(control_dir)
 
-    def cut(self, host: int, rail: int) -> float:
-        return self.client.apply(host, "cut", rail)
-
-    def blackhole(self, host: int, rail: int) -> float:
-        return self.client.apply(host, "blackhole", rail)
-
-    def restore(self, host: int, rail: int) -> float:
-        return self.client.apply(host, "restore", rail)
+def schedule_of(faults: Sequence[Fault], duration: float, hosts: int, rails: int) -> "_faults.Schedule":
+    """The demo's plan as a shared fault schedule (offsets from training start)."""
+    script = []
+    for i, f in enumerate(faults):
+        d = {"id": i, "kind": f.kind, "host": f.host, "rail": f.rail, "at": f.start_at, "hold": f.hold}
+        if f.kind == "flap":
+            d.update(period=f.period, hold=f.period * f.count, mode="cut")
+        script.append(d)
+    end = max([duration] + [f.start_at + (f.period * f.count if f.kind == "flap" else f.hold) for f in faults])
+    return _faults.scripted(script, hosts=hosts, rails=rails, duration=end)
 
 
 class FaultRunner(threading.Thread):
-    """Applies the fault plan once training has started; always leaves every rail repaired."""
+    """Plays the fault plan once training has started; always leaves every rail repaired."""
 
     def __init__(self, injector: Injector, state: "LiveState", hosts: int, rails: int,
                  min_duration: float, stop: threading.Event) -> None:
@@ -212,34 +191,6 @@ class FaultRunner(threading.Thread):
         self.stop_ev = stop
         self.faults: List[Fault] = []
         self.error: Optional[BaseException] = None
-        self.down: Dict[Tuple[int, int], str] = {}
-
-    # -- helpers
-    def _sleep_until(self, t: float) -> bool:
-        """False when stopped (or training ended) first."""
-        while True:
-            left = t - time.time()
-            if left <= 0:
-                return True
-            if self.stop_ev.wait(min(left, 0.05)):
-                return False
-
-    def _down(self, f: Fault, kind: str) -> float:
-        issued = time.time()
-        ts = self.injector.cut(f.host, f.rail) if kind == "cut" else self.injector.blackhole(f.host, f.rail)
-        self.down[(f.host, f.rail)] = kind
-        if f.issued is None:
-            f.issued, f.ts = issued, ts
-        f.transitions.append((ts, "down"))
-        return ts
-
-    def _up(self, f: Fault) -> float:
-        issued = time.time()
-        ts = self.injector.restore(f.host, f.rail)
-        self.down.pop((f.host, f.rail), None)
-        f.restore_issued, f.restored = issued, ts
-        f.transitions.append((ts, "up"))
-        return ts
 
     def run(self) -> None:
         try:
@@ -247,14 +198,6 @@ class FaultRunner(threading.Thread):
         except BaseException as exc:  # noqa: BLE001 - reported by the controller
             self.error = exc
             self.state.note(f"fault injection failed: {exc}", style="bold red")
-        finally:
-            for (h, r) in list(self.down):
-                try:
-                    self.injector.restore(h, r)
-                except Exception:  # noqa: BLE001
-                    pass
-                self.down.pop((h, r), None)
-                self.state.set_rail(h, r, "up")
 
     def _run(self) -> None:
         t0 = self.state.wait_training_start(self.stop_ev)
@@ -265,33 +208,46 @@ class FaultRunner(threading.Thread):
             return
         self.faults = plan_faults(duration, self.hosts, self.rails)
         self.state.set_faults(self.faults, duration)
-        for f in self.faults:
-            if not self._sleep_until(t0 + f.start_at):
-                return
-            if f.kind in ("cut", "blackhole"):
-                ts = self._down(f, f.kind)
+        runner = _faults.ScheduleRunner(schedule_of(self.faults, duration, self.hosts, self.rails), self.injector,
+                                        on_step=self._on_step)
+        runner.start(t0)
+        try:
+            while runner.running:
+                if self.stop_ev.wait(0.05):
+                    break
+        finally:
+            runner.stop()  # repairs whatever is still down
+            for f in self.faults:
+                self.state.set_rail(f.host, f.rail, "up")
+        if runner.error is not None:
+            raise runner.error
+
+    def _on_step(self, rec: Dict[str, Any]) -> None:
+        f = self.faults[rec["fault"]]
+        ts = rec["ts"]
+        issued = rec["planned"] + (rec.get("late") or 0.0) if rec.get("planned") else ts  # when the command began
+        if rec["action"] == "apply":
+            if f.issued is None:
+                f.issued, f.ts = issued, ts
+                if f.kind == "flap":
+                    self.state.fault_line(ts, f"FLAP host {f.host} rail {f.rail} ({f.count} x {f.period:.2f}s)")
+            f.transitions.append((ts, "down"))
+            if f.kind == "flap":
+                self.state.set_rail(f.host, f.rail, "FLAPPING (down)")
+            else:
                 self.state.set_rail(f.host, f.rail, "CUT" if f.kind == "cut" else "BLACKHOLED")
                 self.state.fault_line(ts, f"{f.kind.upper()} host {f.host} rail {f.rail}")
-                if not self._sleep_until(ts + f.hold):
-                    return
-                ts = self._up(f)
-                self.state.set_rail(f.host, f.rail, "up")
-                self.state.fault_line(ts, f"RESTORE host {f.host} rail {f.rail}")
-            else:  # flap: down half a period, up half a period, count times; ends up
-                half = f.period / 2.0
-                start = time.time()
-                self.state.fault_line(start, f"FLAP host {f.host} rail {f.rail} "
-                                             f"({f.count} x {f.period:.2f}s)")
-                for c in range(f.count):
-                    if not self._sleep_until(start + 2 * c * half):
-                        return
-                    self._down(f, "cut")
-                    self.state.set_rail(f.host, f.rail, "FLAPPING (down)")
-                    if not self._sleep_until(start + (2 * c + 1) * half):
-                        return
-                    self._up(f)
-                    self.state.set_rail(f.host, f.rail, "FLAPPING (up)" if c < f.count - 1 else "up")
-                self.state.fault_line(f.restored, f"FLAP host {f.host} rail {f.rail} over, link up")
+            return
+        f.restore_issued, f.restored = issued, ts
+        f.transitions.append((ts, "up"))
+        last = sum(1 for t in f.transitions if t[1] == "up") >= (f.count if f.kind == "flap" else 1)
+        if f.kind == "flap":
+            self.state.set_rail(f.host, f.rail, "up" if last else "FLAPPING (up)")
+            if last:
+                self.state.fault_line(ts, f"FLAP host {f.host} rail {f.rail} over, link up")
+        else:
+            self.state.set_rail(f.host, f.rail, "up")
+            self.state.fault_line(ts, f"RESTORE host {f.host} rail {f.rail}")
 
 
 # ------------------------------------------------------------------ NIC counters
