@@ -61,3 +61,27 @@ def test_chaos_needs_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     res = CliRunner().invoke(chaos, ["--duration", "5s", "--seed", "1"])
     assert res.exit_code == 1 and "root" in res.output
+
+
+def test_live_view_renders_faults_verified_and_the_current_stall():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from linkescape.chaos.live import LiveView
+    from linkescape.chaos.ranks import RankState
+
+    now = time.time()
+    states = [RankState(0, 0, ready=True, progress={"steps": 10, "verified": 30, "wrong": 0, "step": 10,
+                                                      "since": now - 2.5}),
+              RankState(1, 1, ready=True, progress={"steps": 11, "verified": 31, "wrong": 0, "step": None,
+                                                      "since": None, "last_done": now})]
+    lines = []
+    view = LiveView(seed=9, duration=60, live=False, say=lines.append)
+    view.update(5.0, states, ["#3 cut h1r0 at 4.00s for 2.00s"], 2)
+    assert lines and "verified 61" in lines[0] and "current stall 2.5" in lines[0]
+    out = io.StringIO()
+    Console(file=out, width=120).print(LiveView(seed=9, duration=60, live=False)._render(5.0, states, ["#3 cut"], 2))
+    text = out.getvalue()
+    assert "seed 9" in text and "#3 cut" in text and "61 operations" in text and "outstanding 2." in text
