@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import CommClosed
 from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, PathPolicy
+from ..protocol.grey import RailRate
 from ..protocol.railstate import RailWord
 from .completion import OpTable
 from .driver import Driver
@@ -58,6 +59,8 @@ class Engine:
         self.watermark = 2 * config.chunk_bytes
         #: our rails without carrier; every frame carries the word (level state)
         self.rails = RailWord()
+        #: healthy goodput per rail (grey-failure reference), shared by its links
+        self.rail_rates = [RailRate() for _ in range(nrails)]
         self.next_timer = 0.0
         self._last_timers = time.monotonic()
         #: called when a down link should be re-dialed now (set by Recovery)

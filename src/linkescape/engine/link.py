@@ -37,7 +37,7 @@ class LinkClosed(Exception):
 class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
                  "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
-                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since")
+                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "grey")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
         self.sock = sock
@@ -62,6 +62,7 @@ class Link:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.binding = None  # what the current payload is for (set by the engine)
+        self.grey = None  # its goodput watch (set by the engine)
 
     # ------------------------------------------------------------------ send
     def queue(self, item: WireItem) -> None:

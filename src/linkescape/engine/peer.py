@@ -9,6 +9,7 @@ when a link goes down everything unacknowledged is replayed on another one
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 from ..errors import LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
 from ..protocol.frames import Header, Kind
+from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, State
 from ..protocol.railstate import PeerRails
-from ..transport.tcp import ack_silence, tcp_info_summary
+from ..transport.tcp import ack_silence, tcp_info_summary, tcp_sample
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .receiver import Receiver, Unexpected
@@ -34,9 +36,18 @@ CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKE
 
 __all__ = ["PeerChannel", "Unexpected", "CAUSE"]
 
+#: seconds between two goodput samples of a link
+GREY_INTERVAL = 0.1
 #: a peer whose links carry nonsense this many times within the window fails the communicator
 PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
+
+
+def failure_event(exc: BaseException) -> Ev:
+    """ETIMEDOUT: the kernel gave up on unacknowledged data (TCP_USER_TIMEOUT),
+    a silent path like the one our own detector finds; anything else ended
+    the connection."""
+    return Ev.TIMEOUT if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT else Ev.SOCKET_ERROR
 
 
 class PeerChannel:
@@ -63,6 +74,12 @@ class PeerChannel:
         #: rail word every frame of the peer carries, and its notifications)
         self.peer_carrier_down: Dict[int, bool] = {}
         self.peer_rails = PeerRails()
+        #: grey failure: rails held out of service (degraded) by us, and by the
+        #: peer (from its heartbeats: level state), as bitmasks
+        self.avoid = 0
+        self.peer_avoid = 0
+        self.holds: List[Hold] = [Hold(base=host.config.failback_holddown) for _ in range(nrails)]
+        self._next_grey = 0.0
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
         #: bytes moved by this peer's links that are closed now, per rail
@@ -90,6 +107,7 @@ class PeerChannel:
             self.drop(old)
         self.links[link.rail] = link
         self.host.io.add_link(link)
+        self._watch(link, now)
         self.reroute(now)
 
     def adopt(self, link: Link, peer_expected: int) -> None:
@@ -103,6 +121,7 @@ class PeerChannel:
         link.status.apply(Ev.CONNECTED, now)
         self.links[link.rail] = link
         self.host.io.add_link(link)
+        self._watch(link, now)
         self.eof_since = None
         self.refused.discard(link.rail)
         if self.send.acked < peer_expected - 1 <= self.send.last_seq:
@@ -110,6 +129,13 @@ class PeerChannel:
         self.host.emit("link_up", self.rank, link.rail, CAUSE.get(cause), epoch=link.epoch)
         self.reroute(now, cause=CAUSE.get(cause))
         self.tx.pump()
+
+    def _watch(self, link: Link, now: float) -> None:
+        link.grey = GreyDetector(self.host.rail_rates[link.rail])
+        self.holds[link.rail].new_link(now)
+        if self.avoid:
+            # tell the peer at once which rails we hold out (heartbeats repeat it)
+            self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
 
     def drop(self, link: Link, close: bool = True) -> None:
         log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd)
@@ -129,6 +155,10 @@ class PeerChannel:
         not send a FIN that a real cut never delivers)."""
         now = time.monotonic()
         was_active = link.rail in self.active
+        if ev in (Ev.TIMEOUT, Ev.DEGRADED):
+            # back only once clean: a lossy rail must not flap
+            self.holds[link.rail].trip(now)
+            self.avoid |= 1 << link.rail
         link.status.apply(ev, now, backoff_max=self.host.config.reconnect_max)
         self.drop(link, close=close)
         self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
@@ -140,7 +170,7 @@ class PeerChannel:
     def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
         host = self.host
         old = self.active
-        new = host.policy.choose(self.status, now)
+        new = host.policy.choose(self.status, now, self.avoid | self.peer_avoid)
         self.active = new
         if not new:
             if self.no_path_since is None:
@@ -234,7 +264,7 @@ class PeerChannel:
         if self.closed_by_peer:
             self.drop(link)
             return
-        self.link_down(link, Ev.SOCKET_ERROR, detail=f"{type(exc).__name__}: {exc}")
+        self.link_down(link, failure_event(exc), detail=f"{type(exc).__name__}: {exc}")
         # Every link ended with FIN/RST. A dead process also lost its listener:
         # the dialing side learns that at once (connection refused on every
         # rail); the accepting side waits briefly for a re-dial, which a live
@@ -264,6 +294,12 @@ class PeerChannel:
             other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
             if other is not None:
                 self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
+        elif hdr.kind == Kind.HEARTBEAT:
+            if hdr.arg != self.peer_avoid:
+                self.peer_avoid = hdr.arg & 0xFF
+                now = time.monotonic()
+                self.reroute(now)
+                self.tx.pump()
         elif hdr.kind == Kind.PEER_LOST:
             host.liveness.reported(self.rank, hdr.arg)
         elif hdr.kind == Kind.NOTIFY_UP:
@@ -307,7 +343,40 @@ class PeerChannel:
                 self.notify(Kind.NOTIFY_SILENT, link.rail)
                 continue
             if now - link.last_sent >= hb and not link.out:
-                self.tx.control(link, Kind.HEARTBEAT)
+                self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+        if now >= self._next_grey:
+            self._next_grey = now + GREY_INTERVAL
+            self._grey(now)
+
+    def _grey(self, now: float) -> None:
+        """Goodput of the links that carry traffic, cleanliness of the held ones."""
+        for link in self.links:
+            if link is None or link.status.state is not State.UP or link.grey is None:
+                continue
+            try:
+                sample = tcp_sample(link.sock, now)
+            except OSError:
+                continue
+            rail = link.rail
+            bit = 1 << rail
+            hold = self.holds[rail]
+            if self.avoid & bit:
+                if hold.sample(now, sample.retrans_segs):
+                    self.avoid &= ~bit
+                    log.info("rank %d rail %d: clean again after %.1fs", self.rank, rail, hold.length)
+                    self.failback(now)
+                continue
+            if not link.grey.sample(sample) or not self._other_clean_rail(rail):
+                continue
+            rate = link.grey.last_rate or 0.0
+            ref = link.grey.rail.reference
+            self.link_down(link, Ev.DEGRADED, detail=f"goodput {rate * 8 / 1e6:.1f} Mbit/s against a healthy "
+                                                     f"{ref * 8 / 1e6:.1f} Mbit/s for {link.grey.window:g}s")
+            return  # one link at a time
+
+    def _other_clean_rail(self, rail: int) -> bool:
+        held = self.avoid | self.peer_avoid
+        return any(l.rail != rail and not held >> l.rail & 1 for l in self.live_links())
 
     def _silent(self, link: Link, now: float, blind: bool) -> bool:
         """Silent loss: our bytes (data or a heartbeat) wait for the peer's
@@ -329,7 +398,7 @@ class PeerChannel:
 
     def failback(self, now: float) -> None:
         """Move traffic back to a better rail once it is eligible again."""
-        if self.active and self.host.policy.choose(self.status, now) != self.active:
+        if self.active and self.host.policy.choose(self.status, now, self.avoid | self.peer_avoid) != self.active:
             self.reroute(now)
             self.tx.pump()
 
@@ -357,6 +426,7 @@ class PeerChannel:
             "acked": self.send.acked,
             "received": self.recv.cumulative_ack,
             "unacked_bytes": self.send.inflight_bytes,
+            "replayed_bytes": self.tx.replayed_bytes,
             "no_path_s": None if self.no_path_since is None else now - self.no_path_since,
             "lost": None if self.lost is None else f"{type(self.lost).__name__}: {self.lost}",
             "links": links,

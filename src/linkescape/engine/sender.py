@@ -26,6 +26,8 @@ class Sender:
         self.replay = False
         #: the peer waits for an acknowledgement: send one in this round
         self.ack_urgent = False
+        #: payload bytes queued again after failovers (a metric)
+        self.replayed_bytes = 0
 
     @property
     def busy(self) -> bool:
@@ -55,6 +57,7 @@ class Sender:
             self.replay = False
             ack = rchan.cumulative_ack
             for i, frame in enumerate(schan.unacked):
+                self.replayed_bytes += frame.length
                 link = links[i % len(links)]
                 link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, frame.msg, frame.offset, frame.length,
                                                 frame.sig, arg=frame.arg, flags=frame.flags, rails=rails), frame))
@@ -96,7 +99,9 @@ class Sender:
         try:
             emptied = link.flush()
         except OSError as exc:
-            self.peer.link_down(link, Ev.SOCKET_ERROR, detail=f"send: {exc}")
+            from .peer import failure_event
+
+            self.peer.link_down(link, failure_event(exc), detail=f"send: {exc}")
             return
         link.last_sent = time.monotonic()
         want = POLLIN if emptied else POLLIN | POLLOUT

@@ -114,21 +114,24 @@ class PathPolicy:
             return True
         return link.up_since is not None and now - link.up_since >= self.holddown
 
-    def choose(self, links: Sequence[LinkStatus], now: float) -> List[int]:
-        """Rails to send on, best first; empty when no path is left."""
+    def choose(self, links: Sequence[LinkStatus], now: float, avoid: int = 0) -> List[int]:
+        """Rails to send on, best first; empty when no path is left.
+        ``avoid``: a bitmask of rails held out (degraded), used only when no
+        other rail is up."""
         up = [l.rail for l in links if l.state is State.UP]
         if not up:
             return []
-        ready = [l.rail for l in links if self.eligible(l, now)]
+        clean = [r for r in up if not avoid >> r & 1]
+        ready = [l.rail for l in links if self.eligible(l, now) and not avoid >> l.rail & 1]
         if self.stripe:
-            return ready or up[:1]
+            return ready or (clean or up)[:1]
         if self.primary in ready:
             return [self.primary]
         # A recovering primary still in hold-down is used only as a last resort.
         others = [r for r in ready if r != self.primary]
         if others:
             return [others[0]]
-        return [up[0]]
+        return (clean or up)[:1]
 
     def next_holddown_end(self, links: Sequence[LinkStatus], now: float) -> Optional[float]:
         ends = [l.up_since + self.holddown for l in links

@@ -148,3 +148,18 @@ def route_source(host: str) -> str:
 
 
 __all__ = ["tune", "ack_silence", "listen", "connect", "route_source", "HandshakeError", "AuthError"]
+
+
+def tcp_sample(sock: socket.socket, now: float):
+    """The kernel counters the grey-failure detector needs (TCP_INFO)."""
+    from ..protocol.grey import TcpSample
+
+    info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 232)
+
+    def u32(o: int) -> int:
+        return int.from_bytes(info[o:o + 4], "little") if len(info) >= o + 4 else 0
+
+    def u64(o: int) -> int:
+        return int.from_bytes(info[o:o + 8], "little") if len(info) >= o + 8 else 0
+    return TcpSample(now=now, acked=u64(120), busy_us=u64(168), rwnd_us=u64(176), sent=u64(200),
+                     retrans=u64(208), retrans_segs=u32(100))

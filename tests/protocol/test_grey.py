@@ -1,0 +1,101 @@
+"""Grey failure, sans I/O: goodput from kernel counters, the rail's healthy
+reference, the trip, and the hold-down that keeps a lossy rail from flapping."""
+
+from __future__ import annotations
+
+from linkescape.protocol.grey import GreyDetector, Hold, RailRate, TcpSample
+
+MB = 1_000_000
+
+
+class Link:
+    """Synthesizes cumulative counters: ``rate`` bytes per busy second."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.acked = self.busy = self.rwnd = self.sent = self.retrans = self.segs = 0
+
+    def step(self, dt: float, rate: float, busy: float = 1.0, loss: float = 0.0, rwnd: float = 0.0) -> TcpSample:
+        self.t += dt
+        busy_us = int(dt * busy * 1e6)
+        self.busy += busy_us
+        self.rwnd += int(dt * rwnd * 1e6)
+        acked = int(rate * (busy_us - dt * rwnd * 1e6) / 1e6)
+        self.acked += acked
+        sent = int(acked / (1 - loss)) if loss < 1 else acked
+        self.sent += sent
+        self.retrans += sent - acked
+        self.segs += (sent - acked) // 1448
+        return TcpSample(self.t, self.acked, self.busy, self.rwnd, self.sent, self.retrans, self.segs)
+
+
+def _run(det, link, seconds, **kw):
+    tripped = []
+    for _ in range(int(seconds / 0.1)):
+        if det.sample(link.step(0.1, **kw)):
+            tripped.append(link.t)
+    return tripped
+
+
+def test_a_lossy_link_trips_after_one_second_below_half():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    assert _run(det, link, 3, rate=110 * MB) == []
+    assert rail.reference > 100 * MB
+    tripped = _run(det, link, 3, rate=5 * MB, loss=0.2)
+    assert tripped and 0.9 <= tripped[0] - 3.0 <= 1.25
+
+
+def test_slow_without_loss_is_contention_not_grey():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    _run(det, link, 3, rate=110 * MB)
+    assert _run(det, link, 5, rate=40 * MB) == []
+
+
+def test_idle_or_slow_reader_says_nothing():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    _run(det, link, 3, rate=110 * MB)
+    assert _run(det, link, 5, rate=1 * MB, busy=0.1, loss=0.3) == []  # application-limited
+    assert _run(det, link, 5, rate=110 * MB, rwnd=0.9, loss=0.3) == []  # the peer's window is closed
+
+
+def test_no_trip_before_a_reference_exists():
+    det, link = GreyDetector(RailRate()), Link()
+    assert _run(det, link, 5, rate=5 * MB, loss=0.2) == []
+
+
+def test_the_reference_is_shared_by_a_rail_and_decays_slowly():
+    rail = RailRate()
+    _run(GreyDetector(rail), Link(), 3, rate=110 * MB)
+    fresh = GreyDetector(rail)  # a re-dialed link on the same rail
+    tripped = _run(fresh, Link(), 3, rate=5 * MB, loss=0.2)
+    assert tripped
+    assert rail.reference > 100 * MB  # bad samples never drag it down
+
+
+def test_hold_ends_only_after_a_clean_hold_down_that_doubles():
+    hold = Hold(base=3.0, cap=60.0, forget=300.0)
+    hold.trip(0.0)
+    assert hold.length == 3.0
+    segs = 0
+    t = 0.0
+    while t < 10.0:  # still losing: never released
+        t += 0.1
+        segs += 1
+        assert not hold.sample(t, segs)
+    released = None
+    while t < 20.0:  # clean from now on
+        t += 0.1
+        if hold.sample(t, segs):
+            released = t
+            break
+    assert released is not None and 2.9 <= released - 10.0 <= 3.3
+    hold.trip(30.0)
+    assert hold.length == 6.0 and hold.held
+    for _ in range(8):
+        hold.trip(40.0)
+    assert hold.length == 60.0
+    hold.trip(400.0)  # long quiet: forgotten
+    assert hold.length == 3.0
