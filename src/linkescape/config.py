@@ -145,7 +145,9 @@ class Config:
     #: a link with nothing heard for this long while something is owed is dead
     silent_timeout: float = 0.2
     failback_holddown: float = 1.0
-    reconnect_max: float = 1.0
+    #: cap of the re-dial back-off: with the 0.5 s dial deadline, a path that
+    #: returns is found within about a second (the first path back is used at once)
+    reconnect_max: float = 0.5
     no_path_timeout: float = 1800.0
     peer_lost_timeout: float = 2.0
     events: Optional[str] = None

@@ -258,9 +258,12 @@ class Engine:
             self._timers(now)
 
     def _timers(self, now: float) -> None:
-        # If this rank was not running (descheduled, stopped, a long GIL hold),
-        # nothing was observed meanwhile: start watching afresh.
-        blind = now - self._last_timers > self.config.silent_timeout / 2
+        # If this rank was not running (descheduled, stopped, a long GIL hold)
+        # for longer than the silent timeout, nothing was observed meanwhile:
+        # start watching afresh. (Shorter gaps are the normal life of a rank
+        # on a loaded host; treating them as blindness would mean never
+        # finding a silent link there.)
+        blind = now - self._last_timers > self.config.silent_timeout
         self._last_timers = now
         for peer in self.peers.values():
             peer.tick(now, blind)

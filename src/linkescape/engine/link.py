@@ -37,7 +37,8 @@ class LinkClosed(Exception):
 class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
                  "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
-                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "grey")
+                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "grey",
+                 "parked_at")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
         self.sock = sock
@@ -55,6 +56,7 @@ class Link:
         self.sink: Optional[memoryview] = None
         self.sink_got = 0
         self.parked = False
+        self.parked_at = 0.0
         self.staging: Optional[memoryview] = None
         #: when our bytes were first seen waiting for the peer's kernel ack
         self.pending_since: Optional[float] = None

@@ -330,7 +330,9 @@ class PeerChannel:
 
     # ------------------------------------------------------------ timers
     def tick(self, now: float, blind: bool) -> None:
-        """Silent-loss detection and heartbeats on every live link."""
+        """Silent-loss detection and heartbeats on every live link; a link
+        parked for long is read on into the stash."""
+        self.rx.stash_parked(now)
         hb = self.host.config.heartbeat_interval
         for link in self.links:
             if link is None or link.status.state is not State.UP:

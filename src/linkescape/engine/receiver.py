@@ -6,13 +6,19 @@ seq order and exactly once, whatever link carried them.
   buffer for a duplicate) before its payload is read.
 - A link whose next frame cannot be placed yet (ahead of a gap another link
   will fill, or of a collective not posted yet) is *parked*: not read until
-  the frame can be placed.
+  the frame can be placed, so the frame lands in place without a copy.
+- A link is never parked for long, though: what follows the frame (acks,
+  notifications, rail state) must get through. After ``STASH_AFTER`` the
+  frame is read into a buffer (the *stash*, bounded per peer) and applied from
+  there once it can be; while the stash holds anything, frames that cannot
+  be placed go straight to it.
 - A reduction is applied only to a frame that arrived whole.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from typing import TYPE_CHECKING, Deque, Dict, Optional
 
 from ..errors import CollectiveMismatch, ProtocolError
@@ -41,6 +47,21 @@ class Unexpected:
         self.done = False
 
 
+#: a parked link is read into the stash after this long
+STASH_AFTER = 0.005
+#: bytes a peer's stash may hold; beyond it links stay parked
+STASH_LIMIT = 64 << 20
+_STASH = object()  # the binding of a frame read into the stash
+
+
+class Stashed:
+    __slots__ = ("hdr", "payload")
+
+    def __init__(self, hdr: Header, payload: memoryview) -> None:
+        self.hdr = hdr
+        self.payload = payload
+
+
 class Receiver:
     def __init__(self, peer: "PeerChannel") -> None:
         self.peer = peer
@@ -49,6 +70,9 @@ class Receiver:
         self.unexpected: Dict[int, Deque[Unexpected]] = {}
         #: the message whose frames are arriving now (frames of a message are contiguous)
         self.cur_in = None
+        #: frames read before they could be placed, by seq
+        self.stash: Dict[int, Stashed] = {}
+        self.stash_bytes = 0
 
     # ------------------------------------------------------------ posting
     def post(self, m: InMessage) -> None:
@@ -128,6 +152,8 @@ class Receiver:
         host = peer.host
         hdr = link.hdr
         cls = peer.recv.classify(hdr.seq)
+        if cls is AHEAD and hdr.seq in self.stash:
+            cls = DUPLICATE  # a replay of a frame we hold already
         if cls is DUPLICATE:
             # a replay of something we have: our ack may have died with a link
             link.binding = None
@@ -135,8 +161,10 @@ class Receiver:
             peer.recv.ack_sent = 0
             peer.tx.ack_urgent = True
         elif cls is AHEAD:
+            if self.stash and self._to_stash(link):
+                return True  # it follows frames the stash holds
             if any(other is not link and other.status.state is State.UP for other in peer.links if other):
-                return self._park(link)  # the gap is on its way over another link
+                return self._park(link)  # the gap is on its way over another link (or the stash)
             # No other link can fill the gap: the frames missing are replayed
             # behind this one on this very link, and so is this one. Drop it.
             link.binding = None
@@ -173,10 +201,33 @@ class Receiver:
         return True
 
     def _park(self, link: Link) -> bool:
+        if self.stash and self._to_stash(link):
+            return True
         if not link.parked:
             link.parked = True
+            link.parked_at = time.monotonic()
             self._reading(link, False)
         return False
+
+    def _to_stash(self, link: Link) -> bool:
+        """Read the current frame into the stash instead of waiting."""
+        hdr = link.hdr
+        if self.stash_bytes + hdr.length > STASH_LIMIT or hdr.seq in self.stash:
+            return False
+        link.binding = _STASH
+        link.sink = memoryview(bytearray(hdr.length))
+        link.sink_got = 0
+        if link.parked:
+            link.parked = False
+            self._reading(link, True)
+        return True
+
+    def stash_parked(self, now: float) -> None:
+        """(timer) Links parked for longer than STASH_AFTER are read on into the stash."""
+        for link in self.peer.links:
+            if (link is not None and link.parked and link.hdr is not None
+                    and now - link.parked_at >= STASH_AFTER):
+                self._to_stash(link)
 
     def _reading(self, link: Link, reading: bool) -> None:
         self.peer.host.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
@@ -217,44 +268,95 @@ class Receiver:
         host = peer.host
         hdr = link.hdr
         m = link.binding
+        if m is _STASH:
+            if hdr.seq >= peer.recv.expected and hdr.seq not in self.stash:
+                self.stash[hdr.seq] = Stashed(hdr, link.sink)
+                self.stash_bytes += hdr.length
+            link.reset_read()
+            self.apply_stash()
+            return
         if m is not None and hdr.seq != peer.recv.expected:
             m = None  # another link delivered this frame first: a duplicate now
         if m is not None:
-            peer.recv.applied(hdr.seq)
-            if hdr.flags & FLAG_ACK_NOW:
-                peer.tx.ack_urgent = True  # the sender waits for it
-            if isinstance(m, Unexpected):
-                m.received += hdr.length
-                if m.received == m.nbytes:
-                    m.done = True
-                    self.cur_in = None
-                    queue = self.p2p_recvs.get(m.msg)
-                    if queue:
-                        self.unexpected[m.msg].remove(m)
-                        self._take_unexpected(m, queue.popleft())
-            else:
-                if m.reduce is not None and hdr.length:
-                    m.reduce(hdr.offset, link.sink)
-                m.received += hdr.length
-                if m.on_frame is not None:
-                    m.on_frame(m.received)
-                if m.received == m.nbytes:
-                    self.cur_in = None
-                    host.ops.recv_done(m)
-            # A copy of this frame half-read on another (failing) link must
-            # never land in memory that may be reused from now on.
-            for other in peer.links:
-                if (other is not None and other is not link and other.binding is not None
-                        and other.hdr is not None and other.hdr.seq < peer.recv.expected):
-                    other.binding = None
-                    other.sink = host.discard(len(other.sink))
+            self._applied(hdr, m, link.sink, link)
         link.reset_read()
         # A parked link may hold the next frame: the one that was ahead of
         # this one (failback: new frames on the primary while the backup
         # drains), or the start of a message that is posted now.
         self.resume_parked(skip=link)
 
+    def _applied(self, hdr: Header, m, payload: memoryview, link: Optional[Link] = None) -> None:
+        """Account a frame whose bytes are in place (or, for a reduction, in
+        ``payload``): exactly once, in seq order."""
+        peer = self.peer
+        host = peer.host
+        peer.recv.applied(hdr.seq)
+        if hdr.flags & FLAG_ACK_NOW:
+            peer.tx.ack_urgent = True  # the sender waits for it
+        if isinstance(m, Unexpected):
+            m.received += hdr.length
+            if m.received == m.nbytes:
+                m.done = True
+                self.cur_in = None
+                queue = self.p2p_recvs.get(m.msg)
+                if queue:
+                    self.unexpected[m.msg].remove(m)
+                    self._take_unexpected(m, queue.popleft())
+        else:
+            if m.reduce is not None and hdr.length:
+                m.reduce(hdr.offset, payload)
+            m.received += hdr.length
+            if m.on_frame is not None:
+                m.on_frame(m.received)
+            if m.received == m.nbytes:
+                self.cur_in = None
+                host.ops.recv_done(m)
+        # A copy of this frame half-read on another (failing) link must
+        # never land in memory that may be reused from now on.
+        for other in peer.links:
+            if (other is not None and other is not link and other.binding is not None
+                    and other.hdr is not None and other.hdr.seq < peer.recv.expected):
+                other.binding = None
+                other.sink = host.discard(len(other.sink))
+
+    def apply_stash(self) -> None:
+        """Apply stashed frames that can be placed now, in seq order."""
+        peer = self.peer
+        host = peer.host
+        stash = self.stash
+        while stash:
+            expected = peer.recv.expected
+            for seq in [s for s in stash if s < expected]:  # delivered meanwhile over another link
+                self.stash_bytes -= stash.pop(seq).hdr.length
+            s = stash.get(expected)
+            if s is None:
+                return
+            hdr = s.hdr
+            cur = self.cur_in
+            if cur is None:
+                cur = self._match(hdr)
+                if cur is None:
+                    return  # its collective is not posted yet
+                self.cur_in = cur
+            elif cur.msg != hdr.msg or cur.received != hdr.offset:
+                raise ProtocolError(f"stashed frame of message {hdr.msg:#x} at offset {hdr.offset} while "
+                                    f"{cur.msg:#x} is at {cur.received}", peer=peer.rank)
+            if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
+                raise ProtocolError(f"stashed frame at offset {hdr.offset} with {hdr.length} bytes of a "
+                                    f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes", peer=peer.rank)
+            del stash[expected]
+            self.stash_bytes -= hdr.length
+            payload = s.payload
+            if isinstance(cur, Unexpected):
+                cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
+            elif cur.reduce is None and hdr.length:
+                dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
+                host.protect_range(dst)
+                dst[:] = payload
+            self._applied(hdr, cur, payload)
+
     def resume_parked(self, skip: Optional[Link] = None) -> None:
+        self.apply_stash()
         for link in list(self.peer.links):
             if link is not None and link.parked and link is not skip and link.hdr is not None:
                 try:

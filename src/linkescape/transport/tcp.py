@@ -38,7 +38,10 @@ def tune(sock: socket.socket, config: Config) -> None:
     # The kernel should give up on a dead path a little after our own silence
     # detection has already moved the traffic (so a dead socket is reaped
     # rather than blocking for ~15 minutes), never before it.
-    user_timeout_ms = int(max(4 * config.silent_timeout, 1.0) * 1000)
+    # Not sooner: a healthy but saturated rail (a shaper dropping a replay
+    # burst) can back off its retransmissions past a second, and the kernel
+    # giving up there would take a live path for a dead one.
+    user_timeout_ms = int(max(25 * config.silent_timeout, 5.0) * 1000)
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     idle = max(1, int(config.silent_timeout * 4))
