@@ -17,7 +17,7 @@ from .algorithms.base import Schedule, byte_view
 from .config import Config
 from .engine.core import Engine
 from .engine.link import Link
-from .engine.messages import InMessage, Op, OutMessage
+from .engine.messages import ANY_SOURCE, InMessage, Op, OutMessage
 from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
@@ -52,6 +52,11 @@ class Work:
 
     def is_completed(self) -> bool:
         return self._op.done
+
+    @property
+    def source(self) -> Optional[int]:
+        """The rank an any-source ``recv`` received from (None before it matched)."""
+        return self._op.source
 
     def exception(self) -> Optional[BaseException]:
         return self._op.error if self._op.done else None
@@ -448,17 +453,25 @@ class Communicator:
 
         return self._run("send", (_ops.signature_dtype(buf.dtype), buf.size, dst, tag), build, async_op, p2p=True)
 
-    def recv(self, buf: np.ndarray, src: int, tag: int = 0, async_op: bool = False):
+    def recv(self, buf: np.ndarray, src: Optional[int], tag: int = 0, async_op: bool = False):
+        """Receive into ``buf`` from ``src``; ``src=None`` takes the first
+        matching send (same tag) from any rank. Returns the source rank
+        (synchronous), or a Work whose ``source`` is set once it completed."""
         buf = self._array(buf, "buf")
-        src = self._p2p_peer(src, "src")
+        src = ANY_SOURCE if src is None else self._p2p_peer(src, "src")
         msg = self._tag(tag)
         raw = byte_view(buf)
+        op_box = []
 
         def build(s):
             s.op.recvs.append(InMessage(s.op, src, msg, 0, len(raw), dst=raw))
             s.op.pending_recvs += 1
+            op_box.append(s.op)
 
-        return self._run("recv", (_ops.signature_dtype(buf.dtype), buf.size, src, tag), build, async_op, p2p=True)
+        work = self._run("recv", (_ops.signature_dtype(buf.dtype), buf.size, src, tag), build, async_op, p2p=True)
+        if async_op:
+            return work
+        return src if src != ANY_SOURCE else op_box[0].source
 
     # ------------------------------------------------------------------ faults and counters
     def inject_fault(self, rail: int, kind: str) -> float:

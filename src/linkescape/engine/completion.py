@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, List
 
 from ..errors import CommTimeout
-from .messages import InMessage, Op
+from .messages import ANY_SOURCE, InMessage, Op
 
 if TYPE_CHECKING:
     from .core import Engine
@@ -101,7 +101,12 @@ class OpTable:
         for m in op.sends:
             peers[m.peer].tx.cancel(m)
         for m in op.recvs:
-            peers[m.peer].rx.cancel(m)
+            if m.peer == ANY_SOURCE:
+                q = self.host.any_recvs.get(m.msg)
+                if q and m in q:
+                    q.remove(m)
+            else:
+                peers[m.peer].rx.cancel(m)
         # ... nor may a replay later read memory the caller rewrites.
         for lo, hi in op.ranges():
             for p in op.last_seq:

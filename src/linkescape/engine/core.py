@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import select
 import time
@@ -27,7 +28,7 @@ from .driver import Driver
 from .io import IoSet
 from .link import Link
 from .liveness import Liveness
-from .messages import Op
+from .messages import ANY_SOURCE, Op
 from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
@@ -47,6 +48,8 @@ class Engine:
         self.peers: Dict[int, PeerChannel] = {p: PeerChannel(self, p, nrails)
                                               for p in range(world_size) if p != rank}
         self.ops = OpTable(self)
+        #: any-source receives not matched yet, by tag, in posting order
+        self.any_recvs: Dict[int, "collections.deque"] = {}
         self.liveness = Liveness(self)
         #: sequence number of the last collective started here
         self.coll_started = 0
@@ -207,6 +210,8 @@ class Engine:
                 raise peer.lost
             op.peers.add(m.peer)
         for m in op.recvs:
+            if m.peer == ANY_SOURCE:
+                continue
             peer = peers[m.peer]
             if peer.lost is not None:
                 raise peer.lost
@@ -214,7 +219,10 @@ class Engine:
         for m in op.sends:
             peers[m.peer].tx.post(m)
         for m in op.recvs:
-            peers[m.peer].rx.post(m)
+            if m.peer == ANY_SOURCE:
+                self._post_any(m)
+            else:
+                peers[m.peer].rx.post(m)
         self.ops.add(op)
         if op.collective:
             self.coll_started = op.seq
@@ -223,6 +231,13 @@ class Engine:
         for p in op.peers:
             peers[p].tx.pump()
         self.ops.check(op, time.monotonic())
+
+    def _post_any(self, m) -> None:
+        # a whole message that waits already (the earliest of any peer's) is taken at once
+        for peer in self.peers.values():
+            if peer.rx.take_any(m):
+                return
+        self.any_recvs.setdefault(m.msg, collections.deque()).append(m)
 
     def async_work(self) -> bool:
         return bool(self.ops) or any(p.tx.busy for p in self.peers.values())

@@ -13,13 +13,16 @@ from typing import Callable, List, Optional
 
 from ..protocol.channel import address_range
 
+#: the peer of a receive that takes the first matching send from any rank
+ANY_SOURCE = -1
+
 
 class Op:
     """One collective or point-to-point operation in the engine."""
 
     __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
                  "views", "settle_until", "peers", "callbacks", "collective", "need_ack",
-                 "last_seq")
+                 "last_seq", "source")
 
     def __init__(self, seq: int, name: str, deadline: float, collective: bool = True,
                  need_ack: bool = False) -> None:
@@ -43,6 +46,8 @@ class Op:
         self.settle_until: Optional[float] = None
         self.peers: set = set()
         self.callbacks: List[Callable[["Op"], None]] = []
+        #: the rank an any-source receive matched (None until it did)
+        self.source: Optional[int] = None
 
     def protect(self, view: memoryview) -> None:
         self.views.append(view)

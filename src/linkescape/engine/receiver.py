@@ -86,6 +86,31 @@ class Receiver:
         else:
             self.coll_recvs.append(m)
 
+    def _taker(self, tag: int):
+        """The receive posted first for a whole unexpected message: this
+        peer's own, or an any-source one."""
+        queue = self.p2p_recvs.get(tag)
+        anyq = self.peer.host.any_recvs.get(tag)
+        if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
+            m = anyq.popleft()
+            m.peer = self.peer.rank
+            m.op.source = self.peer.rank
+            m.op.peers.add(self.peer.rank)
+            return m
+        return queue.popleft() if queue else None
+
+    def take_any(self, m: InMessage) -> bool:
+        """An any-source receive being posted: take a whole unexpected
+        message from this peer, if one waits."""
+        queue = self.unexpected.get(m.msg)
+        if queue and queue[0].done:
+            m.peer = self.peer.rank
+            m.op.source = self.peer.rank
+            m.op.peers.add(self.peer.rank)
+            self._take_unexpected(queue.popleft(), m)
+            return True
+        return False
+
     def cancel(self, m: InMessage) -> None:
         """A failed operation's receive: unmatch it, and make sure no frame
         half-read for it lands in memory the caller gets back now."""
@@ -238,6 +263,12 @@ class Receiver:
             raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
         if hdr.msg & P2P_FLAG:
             queue = self.p2p_recvs.get(hdr.msg)
+            anyq = peer.host.any_recvs.get(hdr.msg)
+            if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
+                queue = anyq  # posted first: an any-source receive takes it
+                anyq[0].peer = peer.rank
+                anyq[0].op.source = peer.rank
+                anyq[0].op.peers.add(peer.rank)
             if queue:
                 m = queue.popleft()
                 if m.nbytes != hdr.arg:
@@ -298,10 +329,10 @@ class Receiver:
             if m.received == m.nbytes:
                 m.done = True
                 self.cur_in = None
-                queue = self.p2p_recvs.get(m.msg)
-                if queue:
+                taker = self._taker(m.msg)
+                if taker is not None:
                     self.unexpected[m.msg].remove(m)
-                    self._take_unexpected(m, queue.popleft())
+                    self._take_unexpected(m, taker)
         else:
             if m.reduce is not None and hdr.length:
                 m.reduce(hdr.offset, payload)
