@@ -211,14 +211,19 @@ class Recovery:
         return True
 
     def _next_due(self) -> float:
+        """When the next re-dial is due: exactly the links ``_due_dials``
+        would dial (one being dialed is not due: waking for it would spin)."""
         eng = self.engine
         due = time.monotonic() + 0.2
         for peer in eng.peers.values():
             if peer.rank > self.rank or peer.lost is not None:
                 continue
             for st in peer.status:
-                if st.state is State.DOWN and st.rail not in self.local_down:
+                if (st.state is State.DOWN and st.rail not in self.local_down
+                        and (peer.rank, st.rail) not in self.dialing):
                     due = min(due, st.next_probe)
+        if self._probe_wanted:
+            due = min(due, min(self._probed.get(p, 0.0) + 0.5 for p in self._probe_wanted))
         return due
 
     def _due_dials(self) -> List[Tuple[int, int]]:
