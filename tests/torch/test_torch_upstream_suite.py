@@ -1,7 +1,7 @@
 """PyTorch's in-wheel backend suite against linkescape (see upstream_suite.py).
 
-The whole suite (285 tests, about 145 that spawn 3 ranks) takes 15-25
-minutes on two cores, so ``make test`` runs a subset: the tests that used
+The whole suite (285 tests, about 145 that spawn 3 ranks) took 47 minutes
+on this project's shared 2-core machine (docs/torch.md), so ``make test`` runs a subset: the tests that used
 to fail (all_gather_coalesced, send/recv from any source) and a spread of
 the collectives and DDP. The full run, with its counts next to Gloo's, is
 documented in docs/torch.md; ``LINKESCAPE_TORCH_SUITE=full`` runs it here.
@@ -49,8 +49,9 @@ def _run(tmp_path, names, timeout):
     return json.loads(out.read_text()), proc
 
 
+@pytest.mark.timeout(1200)  # 13 tests of 3 fresh processes each: 2-3 minutes on a quiet machine
 def test_upstream_suite_subset(tmp_path):
-    res, proc = _run(tmp_path, SUBSET, timeout=900)
+    res, proc = _run(tmp_path, SUBSET, timeout=1100)
     outcomes = res["tests"]
     ran = {n for n in outcomes if any(n == s for s in SUBSET)}
     assert ran == set(SUBSET), f"not run: {set(SUBSET) - ran}"
@@ -59,8 +60,9 @@ def test_upstream_suite_subset(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4000)
 @pytest.mark.skipif(os.environ.get("LINKESCAPE_TORCH_SUITE") != "full",
-                    reason="the full suite takes 15-25 minutes: LINKESCAPE_TORCH_SUITE=full runs it")
+                    reason="the full suite takes most of an hour: LINKESCAPE_TORCH_SUITE=full runs it")
 def test_upstream_suite_full(tmp_path):
     res, proc = _run(tmp_path, [], timeout=3600)
     counts = res["counts"]
