@@ -197,6 +197,13 @@ class Communicator:
             raise _ops.UnsupportedDtype(f"{name} has unsupported dtype {buf.dtype}")
         return buf
 
+    def _stacked(self, op: str, name: str, big: np.ndarray, part: np.ndarray) -> None:
+        """``big`` must hold one ``part`` per rank: shape (world_size, *part.shape), same dtype."""
+        want = (self.world_size, *part.shape)
+        if big.shape != want or big.dtype != part.dtype:
+            raise InvalidBuffer(f"{op}: {name} must have shape {want} and dtype {part.dtype}, "
+                                f"not {big.shape} {big.dtype}")
+
     def _root(self, root: int, what: str = "root") -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.world_size:
             raise InvalidRank(root, self.world_size, what)
@@ -327,9 +334,7 @@ class Communicator:
         out = self._array(out, "out")
         inp = self._array(inp, "inp", writable=False)
         n = self.world_size
-        if out.shape != (n, *inp.shape) or out.dtype != inp.dtype:
-            raise InvalidBuffer(f"all_gather: out must have shape {(n, *inp.shape)} and dtype {inp.dtype}, "
-                                f"not {out.shape} {out.dtype}")
+        self._stacked("all_gather", "out", out, inp)
         out[self.rank] = inp
         oraw = byte_view(out)
         small = out.nbytes <= self.config.small_bytes
@@ -349,9 +354,7 @@ class Communicator:
         out = self._array(out, "out")
         inp = self._array(inp, "inp", writable=False)
         n = self.world_size
-        if inp.shape != (n, *out.shape) or out.dtype != inp.dtype:
-            raise InvalidBuffer(f"reduce_scatter: inp must have shape {(n, *out.shape)} and dtype {out.dtype}, "
-                                f"not {inp.shape} {inp.dtype}")
+        self._stacked("reduce_scatter", "inp", inp, out)
         _ops.check_op(op, inp.dtype)
         work = inp.reshape(-1).copy()
         small = inp.nbytes <= self.config.small_bytes
@@ -381,10 +384,10 @@ class Communicator:
     def all_to_all(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False):
         out = self._array(out, "out")
         inp = self._array(inp, "inp", writable=False)
-        n = self.world_size
-        if not inp.shape or inp.shape[0] != n or out.shape != inp.shape or out.dtype != inp.dtype:
-            raise InvalidBuffer(f"all_to_all: inp and out must both have shape ({n}, ...) and one dtype, "
-                                f"not {inp.shape} {inp.dtype} and {out.shape} {out.dtype}")
+        if not inp.shape:
+            raise InvalidBuffer(f"all_to_all: inp must have shape ({self.world_size}, ...), not {inp.shape}")
+        self._stacked("all_to_all", "inp", inp, inp[0])
+        self._stacked("all_to_all", "out", out, inp[0])
         if np.shares_memory(out, inp):
             raise InvalidBuffer("all_to_all: out and inp must not overlap")
         oraw, iraw = byte_view(out), byte_view(inp)
@@ -394,12 +397,10 @@ class Communicator:
     def gather(self, out: Optional[np.ndarray], inp: np.ndarray, root: int = 0, async_op: bool = False):
         inp = self._array(inp, "inp", writable=False)
         root = self._root(root)
-        n = self.world_size
         oraw = None
         if self.rank == root:
             out = self._array(out, "out")
-            if out.shape != (n, *inp.shape) or out.dtype != inp.dtype:
-                raise InvalidBuffer(f"gather: out must have shape {(n, *inp.shape)} and dtype {inp.dtype}")
+            self._stacked("gather", "out", out, inp)
             oraw = byte_view(out)
         iraw = byte_view(inp)
         return self._run("gather", (_ops.signature_dtype(inp.dtype), inp.size, root),
@@ -408,12 +409,10 @@ class Communicator:
     def scatter(self, out: np.ndarray, inp: Optional[np.ndarray], root: int = 0, async_op: bool = False):
         out = self._array(out, "out")
         root = self._root(root)
-        n = self.world_size
         iraw = None
         if self.rank == root:
             inp = self._array(inp, "inp", writable=False)
-            if inp.shape != (n, *out.shape) or out.dtype != inp.dtype:
-                raise InvalidBuffer(f"scatter: inp must have shape {(n, *out.shape)} and dtype {out.dtype}")
+            self._stacked("scatter", "inp", inp, out)
             iraw = byte_view(inp)
         oraw = byte_view(out)
         return self._run("scatter", (_ops.signature_dtype(out.dtype), out.size, root),
