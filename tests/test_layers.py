@@ -1,0 +1,89 @@
+"""The floors hold: a module imports only floors below its own, and no
+module-level import circle exists (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "linkescape"
+
+# lowest first; shared helpers may be imported from anywhere
+FLOORS = [
+    {"protocol"},
+    {"transport", "health"},
+    {"engine"},
+    {"algorithms", "flight", "metrics", "metrics_server"},  # what the communicator uses
+    {"communicator", "rendezvous"},
+]
+SHARED = {"errors", "config", "events", "log", "store", "auth", "ops"}
+
+
+def _floor(top: str) -> int:
+    for i, names in enumerate(FLOORS):
+        if top in names:
+            return i
+    return len(FLOORS)  # integrations: torch, cli, testbed, faults, chaos, bench, demo, tools, ...
+
+
+def _modules():
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).with_suffix("")
+        yield ".".join(rel.parts), path
+
+
+def _imports(name: str, path: pathlib.Path, module_level_only: bool):
+    tree = ast.parse(path.read_text())
+    pkg = name.split(".")[:-1] if not path.name == "__init__.py" else name.split(".")[:-1]
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+            target = ".".join(base + ([node.module] if node.module else []))
+            yield target
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("linkescape."):
+            yield node.module[len("linkescape."):]
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0] if name else ""
+
+
+@pytest.mark.parametrize("name,path", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_no_module_imports_a_floor_above_its_own(name, path):
+    mine = _floor(_top(name))
+    for target in _imports(name, path, module_level_only=False):
+        top = _top(target)
+        if not top or top in SHARED:
+            continue
+        assert _floor(top) <= mine, f"{name} (floor {mine}) imports {target} (floor {_floor(top)})"
+
+
+def test_no_import_circle_at_module_level():
+    graph = {}
+    names = {n for n, _ in _modules()}
+    for name, path in _modules():
+        deps = set()
+        for target in _imports(name, path, module_level_only=True):
+            while target and target not in names:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                deps.add(target)
+        graph[name] = deps
+    state: dict = {}
+
+    def visit(n, stack):
+        state[n] = 1
+        for d in graph.get(n, ()):
+            if state.get(d) == 1:
+                cycle = stack[stack.index(d):] + [d]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d, stack + [d])
+        state[n] = 2
+
+    for n in graph:
+        if n not in state:
+            visit(n, [n])
