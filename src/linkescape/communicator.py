@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ops as _ops
 from .algorithms import exchange, latency, ring
-from .algorithms.base import Schedule, byte_view
+from .algorithms.base import Schedule, check_message_size, byte_view
 from .config import Config
 from .engine.core import Engine
 from .engine.link import Link
@@ -442,6 +442,7 @@ class Communicator:
     def send(self, buf: np.ndarray, dst: int, tag: int = 0, async_op: bool = False):
         buf = self._array(buf, "buf", writable=False)
         dst = self._p2p_peer(dst, "dst")
+        check_message_size(buf.nbytes)
         msg = self._tag(tag)
         raw = byte_view(buf)
 
@@ -458,6 +459,7 @@ class Communicator:
         (synchronous), or a Work whose ``source`` is set once it completed."""
         buf = self._array(buf, "buf")
         src = ANY_SOURCE if src is None else self._p2p_peer(src, "src")
+        check_message_size(buf.nbytes)
         msg = self._tag(tag)
         raw = byte_view(buf)
         op_box = []

@@ -178,3 +178,23 @@ def _garbage_handshake(comm):
 
 def test_bad_handshake_never_disturbs_the_job():
     assert raise_first(run_ranks(3, _garbage_handshake, config=CFG)) == [6.0] * 3
+
+
+def _too_big(comm):
+    huge = np.empty((1 << 32) + 8, np.uint8)  # 4 GiB of address space, never touched
+    out = []
+    for call in (lambda: comm.broadcast(huge, 0), lambda: comm.send(huge, 1 - comm.rank),
+                 lambda: comm.recv(huge, 1 - comm.rank)):
+        try:
+            call()
+            out.append("no error")
+        except InvalidBuffer:
+            out.append("InvalidBuffer")
+    small = np.ones(4, np.float32)
+    comm.all_reduce(small)  # nothing was sent: the ranks still agree
+    return out, float(small[0])
+
+
+def test_a_message_beyond_4_gib_is_a_typed_error_and_nothing_is_lost():
+    for res in run_ranks(2, _too_big):
+        assert res == (["InvalidBuffer"] * 3, 2.0), res

@@ -12,6 +12,10 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..engine.messages import InMessage, Op, OutMessage
+from ..errors import InvalidBuffer
+
+#: the largest message between two ranks (its size travels in a 32-bit field)
+MAX_MESSAGE = (1 << 32) - 1
 
 
 def byte_view(arr: np.ndarray) -> memoryview:
@@ -36,6 +40,7 @@ class Schedule:
         self.sig = sig
 
     def send(self, peer: int, view: memoryview, ready: Optional[int] = None) -> OutMessage:
+        check_message_size(len(view))
         m = OutMessage(self.op, peer, self.msg, self.sig, view, ready)
         self.op.sends.append(m)
         self.op.protect(view)
@@ -44,6 +49,7 @@ class Schedule:
     def recv(self, peer: int, nbytes: int, dst: Optional[memoryview] = None,
              reduce: Optional[Callable[[int, memoryview], None]] = None,
              on_frame: Optional[Callable[[int], None]] = None) -> InMessage:
+        check_message_size(nbytes)
         m = InMessage(self.op, peer, self.msg, self.sig, nbytes, dst=dst, reduce=reduce, on_frame=on_frame)
         self.op.recvs.append(m)
         self.op.pending_recvs += 1
@@ -52,6 +58,13 @@ class Schedule:
     def then(self, fn: Callable[[Op], None]) -> None:
         """Run ``fn`` once every message of the operation is through."""
         self.op.callbacks.append(fn)
+
+
+def check_message_size(nbytes: int) -> None:
+    # every frame carries its message's size in 32 bits
+    if nbytes > MAX_MESSAGE:
+        raise InvalidBuffer(f"a message of {nbytes} bytes to one peer: at most {MAX_MESSAGE} are supported "
+                            f"(split the buffer)")
 
 
 def follow(send: OutMessage) -> Callable[[int], None]:
