@@ -87,8 +87,8 @@ DEFAULT_RAILS = "127.0.0.1"
 @click.option("--store", "store_kind", type=click.Choice(["auto", "tcp", "file"]), default="auto",
               show_default=True, help="rendezvous store: torch TCPStore, or linkescape.FileStore (no torch)")
 @click.option("--faults", default=None, metavar="KINDS",
-              help="run the failover benchmark instead: faults of these kinds (cut,blackhole) on a testbed "
-                   "(root); --rails is then the testbed's rail count (default 2)")
+              help="run the failover benchmark instead: faults of these kinds (cut,blackhole,flap) on a testbed "
+                   "(root); --rails is then the testbed's rail count (default 2); see --rate-phases")
 @click.option("-v", "--verbose", is_flag=True, help="show the ranks' own output and tracebacks")
 def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
           iters: int, warmup: int, check: bool, rails: str, json_path: Optional[str], timeout: float,

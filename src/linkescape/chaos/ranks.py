@@ -1,17 +1,16 @@
 """The chaos ranks: one worker process per testbed host, and what they say.
 
-Each rank's stdout JSON lines are pumped into :class:`RankState` (last
-progress, resources, mismatches, exit); stderr goes to ``stderr-{rank}.txt``
-in the run directory, so a traceback or a faulthandler dump (SIGUSR1, sent
-before a hung rank is killed) is kept for the report's reader.
+The processes are a :class:`~linkescape.testbed.job.RankJob`; each rank's
+stdout JSON lines update its :class:`RankState` (last progress, resources,
+mismatches, exit); stderr goes to ``stderr-{rank}.txt`` in the run directory,
+so a traceback or a faulthandler dump (SIGUSR1, sent before a hung rank is
+killed) is kept for the report's reader.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -43,58 +42,50 @@ class RankState:
 
 
 class Ranks:
-    """Start ``world`` chaos workers, one in each of ``hosts`` of ``tb``."""
+    """Start ``world`` chaos workers, one in each of ``hosts`` of ``tb`` (a :class:`~linkescape.testbed.job.RankJob`)."""
 
     def __init__(self, tb, hosts: List[int], run_dir: str, *, seed: int, max_bytes: int,
                  env: Mapping[str, str]) -> None:
+        from ..testbed.job import RankJob
+
         self.tb = tb
         self.dir = run_dir
         self.world = len(hosts)
-        self.stop_file = os.path.join(run_dir, "stop")
         self.states = [RankState(rank, host) for rank, host in enumerate(hosts)]
-        self.procs: List[subprocess.Popen] = []
         self.lock = threading.Lock()
         store = os.path.join(run_dir, "store")
-        for rank, host in enumerate(hosts):
-            e = dict(os.environ)
-            e.update(env)
-            argv = [sys.executable, "-m", "linkescape.chaos.worker", "--rank", str(rank), "--world", str(self.world),
-                    "--store", store, "--seed", str(seed), "--ops", self.ops_path(rank),
-                    "--stop-file", self.stop_file, "--max-bytes", str(max_bytes)]
-            err = open(os.path.join(run_dir, f"stderr-{rank}.txt"), "w")
-            proc = tb.popen(host, argv, stdout=subprocess.PIPE, stderr=err, text=True, env=e)
-            err.close()
-            self.procs.append(proc)
-            threading.Thread(target=self._pump, args=(rank, proc), name=f"chaos-pump-{rank}", daemon=True).start()
+        commands = [[sys.executable, "-m", "linkescape.chaos.worker", "--rank", str(rank), "--world", str(self.world),
+                     "--store", store, "--seed", str(seed), "--ops", self.ops_path(rank),
+                     "--stop-file", os.path.join(run_dir, "stop"), "--max-bytes", str(max_bytes)]
+                    for rank in range(self.world)]
+        self.job = RankJob(commands, tb=tb, hosts=hosts, env=env, workdir=run_dir, stderr_files=True,
+                           on_record=self._on_record)
+        self.stop_file = self.job.stop_file
+        self.procs = self.job.procs
 
     def ops_path(self, rank: int) -> str:
         return os.path.join(self.dir, f"ops-{rank}.jsonl")
 
-    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+    def _on_record(self, rank: int, rec: Dict[str, Any]) -> None:
         st = self.states[rank]
-        for line in proc.stdout:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            ev = rec.get("event")
-            with self.lock:
-                if ev == "progress":
-                    st.progress = rec
-                elif ev == "ready":
-                    st.ready = True
-                elif ev == "resources":
-                    st.resources[rec.get("at", "?")] = {k: v for k, v in rec.items() if k not in ("event", "at")}
-                elif ev == "mismatch":
-                    rec["rank"] = rank
-                    st.mismatches.append(rec)
-                elif ev == "exit":
-                    st.exit = rec
+        ev = rec.get("event")
+        with self.lock:
+            if ev == "progress":
+                st.progress = rec
+            elif ev == "ready":
+                st.ready = True
+            elif ev == "resources":
+                st.resources[rec.get("at", "?")] = {k: v for k, v in rec.items()
+                                                    if k not in ("event", "at", "rank")}
+            elif ev == "mismatch":
+                st.mismatches.append(rec)
+            elif ev == "exit":
+                st.exit = rec
 
     # ------------------------------------------------------------ waiting
     def dead(self) -> List[int]:
         """Ranks whose process ended."""
-        return [r for r, p in enumerate(self.procs) if p.poll() is not None]
+        return self.job.dead()
 
     def wait(self, pred, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -113,35 +104,13 @@ class Ranks:
     def finish(self, timeout: float) -> None:
         """Ask every rank to stop (together) and wait for their exits; a rank still
         running after ``timeout`` is hung: its Python stacks are dumped to its stderr, then it is killed."""
-        with open(self.stop_file, "w"):
-            pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.1)
-        hung = [r for r, p in enumerate(self.procs) if p.poll() is None]
-        for r in hung:
-            self.states[r].hung = True
-            try:
-                self.procs[r].send_signal(signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        if hung:
-            time.sleep(1.5)
-        self.kill()
-        time.sleep(0.2)  # let the pumps drain
+        self.job.finish(timeout, dump_wait=1.5)
         for r, p in enumerate(self.procs):
+            self.states[r].hung = self.job.hung[r]
             self.states[r].returncode = p.returncode
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        self.job.kill()
 
     # ------------------------------------------------------------ results
     def steps(self) -> Dict[int, List[Dict[str, Any]]]:
@@ -174,11 +143,7 @@ class Ranks:
         return [tcp_counters(p.pid) if p.poll() is None else None for p in self.procs]
 
     def stderr_tail(self, rank: int, n: int = 4000) -> str:
-        try:
-            with open(os.path.join(self.dir, f"stderr-{rank}.txt"), errors="replace") as fh:
-                return fh.read()[-n:]
-        except OSError:
-            return ""
+        return self.job.stderr_tail(rank, n)
 
 
 _TCP_KEYS = {("TcpExt:", "TCPTimeouts"): "rto", ("TcpExt:", "TCPLossProbes"): "tlp",

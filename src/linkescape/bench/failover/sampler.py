@@ -1,18 +1,6 @@
-"""Processes of the failover benchmark: one rank of a saturating all_reduce, and a NIC-counter sampler.
+"""The NIC-counter and kernel-event sampler of the failover benchmark: a process and its handle.
 
-``python -m linkescape.bench.failover_worker rank --rank R --world N --store DIR ...``
-keeps ``--depth`` asynchronous all_reduces in flight until the ranks agree to
-stop (the stop file appears or ``--duration`` passes), checks every result
-bit for bit against a precomputed exact reference, and prints JSON lines:
-``ready``, ``done`` (per iteration: completion wall time ``t``, ``wrong``),
-``exit`` (iterations, wrong elements, error, engine per-link byte counters).
-
-The ranks stop together: every iteration carries a tiny companion
-all_reduce of each rank's "want to stop" flag, so all ranks see the same sum
-for the same iteration and leave the loop at the same point (a per-rank clock
-would let one rank start a collective the others never join).
-
-``python -m linkescape.bench.failover_worker sample --out FILE --interval S [--watch NETNS]... FILE...``
+``python -m linkescape.bench.failover.sampler --out FILE --interval S [--watch NETNS]... FILE...``
 reads the given counter files (``/sys/class/net/DEV/statistics/*_bytes``)
 every ``S`` seconds and appends ``t v1 v2 ...`` lines to ``FILE`` until it is
 signalled (SIGTERM/SIGINT). Run in the root namespace it samples the
@@ -22,6 +10,9 @@ events and nftables events inside those namespaces and writes them, time
 stamped on arrival, to ``FILE.nl`` (JSON lines): the moment a cut (carrier
 loss) or a blackhole (its nftables chains committed) really took effect,
 which the fault command's own return time only bounds from above.
+
+:class:`Sampler` starts that process for every NIC of a testbed and gives
+back :class:`~linkescape.bench.failover.counters.Counters` and the kernel events.
 """
 
 from __future__ import annotations
@@ -30,102 +21,69 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
-import traceback
-from typing import List
+from typing import List, Tuple
 
-import numpy as np
-
-
-def say(**record) -> None:
-    record.setdefault("t", time.time())
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
+from .counters import Counters
 
 
-def pattern(rank: int, k: int, count: int, dtype) -> np.ndarray:
-    """Small integers: every sum is exact, so results are checked bit for bit."""
-    rng = np.random.default_rng([rank, k, count, 7])
-    return rng.integers(-8, 9, size=count).astype(dtype)
+# ------------------------------------------------------------ the handle
+class Sampler:
+    """A separate process reading the bridge-side veth counters of every host NIC.
 
+    The root-namespace veth ``PREFIX-{i}s{r}`` *receives* what host ``i`` sends
+    on rail ``r`` and *transmits* what it receives, so rx_bytes there is host
+    egress after the shaper; a cut (veth down) or a blackhole (egress hook,
+    before the qdisc) stops it at once.
+    """
 
-def _link_bytes(comm) -> dict:
-    out = {}
-    try:
-        for p, peer in comm._engine.peers.items():
-            for r, link in enumerate(peer.links):
-                if link is not None:
-                    out[f"{p}/{r}"] = [int(link.bytes_sent), int(link.bytes_received)]
-    except Exception:  # noqa: BLE001 - diagnostics only
-        pass
-    return out
+    def __init__(self, tb, workdir: str, interval: float = 0.005, watch: bool = True) -> None:
+        self.path = os.path.join(workdir, "counters.txt")
+        self.keys: List[Tuple] = []
+        files = []
+        for i in range(tb.hosts):
+            for r in range(tb.rails):
+                for direction, stat in (("tx", "rx_bytes"), ("rx", "tx_bytes")):
+                    self.keys.append((i, r, direction))
+                    files.append(f"/sys/class/net/{tb.root_veth(i, r)}/statistics/{stat}")
+        watches = [a for i in range(tb.hosts) for a in ("--watch", tb.netns(i))] if watch else []
+        self.proc = subprocess.Popen([sys.executable, "-m", "linkescape.bench.failover.sampler",
+                                      "--out", self.path, "--interval", str(interval), *watches, *files],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # after its netlink sockets are subscribed
+        if "ready" not in line:
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            self.close()
+            raise RuntimeError(f"the counter sampler did not start: {line!r} {err}")
 
+    def kernel_events(self) -> List[dict]:
+        """Carrier and nftables changes inside the hosts, time stamped on arrival."""
+        out = []
+        try:
+            with open(self.path + ".nl") as fh:
+                for line in fh:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue
+        except FileNotFoundError:
+            pass
+        return out
 
-def run_rank(args) -> int:
-    import faulthandler
+    def stop(self) -> Counters:
+        self.close()
+        return Counters.load(self.path, self.keys)
 
-    faulthandler.enable()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the controller asks before killing a hung rank
-
-    from linkescape import Communicator, FileStore
-
-    dtype = np.dtype(args.dtype)
-    n, count, depth = args.world, args.count, max(1, args.depth)
-    npat = 4
-    inputs = [pattern(args.rank, k, count, dtype) for k in range(npat)]
-    refs = []
-    for k in range(npat):
-        acc = np.zeros(count, np.int64)
-        for q in range(n):
-            acc += pattern(q, k, count, np.int64)
-        refs.append(acc.astype(dtype).view(np.uint8))
-    bufs = [np.empty(count, dtype) for _ in range(depth)]
-    flags = [np.zeros(1, np.int32) for _ in range(depth)]
-    wrong = 0
-    iters = 0
-    error = None
-    comm = None
-    t_end = time.time() + args.duration
-    try:
-        comm = Communicator(FileStore(args.store, timeout=60), args.rank, n)
-        say(event="ready", rank=args.rank, rails=comm.rails, nbytes=int(count * dtype.itemsize))
-        inflight: List[tuple] = []  # (iteration, slot, work, flag work)
-        posted = 0
-        stop = False
-        while True:
-            while not stop and len(inflight) < depth:
-                slot = posted % depth
-                buf = bufs[slot]
-                np.copyto(buf, inputs[posted % npat])
-                want = time.time() >= t_end or (args.stop_file and os.path.exists(args.stop_file))
-                flags[slot][0] = 1 if want else 0
-                w = comm.all_reduce(buf, async_op=True)
-                wf = comm.all_reduce(flags[slot], async_op=True)
-                inflight.append((posted, slot, w, wf))
-                posted += 1
-            if not inflight:
-                break
-            it, slot, w, wf = inflight.pop(0)
-            w.wait()
-            wf.wait()
-            t = time.time()
-            bad = int(np.count_nonzero(bufs[slot].view(np.uint8) != refs[it % npat]))
-            wrong += bad
-            iters += 1
-            say(event="done", iter=it, t=t, wrong=bad)
-            if flags[slot][0] > 0:
-                stop = True  # every rank sees the same sum here: all stop after the same iteration
-        comm.barrier()
-        say(event="links", links=_link_bytes(comm))
-        comm.close()
-    except BaseException as exc:  # noqa: BLE001 - reported to the controller
-        error = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
-    say(event="exit", rank=args.rank, wrong=wrong, iters=iters, error=error,
-        error_type=None if error is None else error.split(":")[0])
-    sys.stdout.flush()
-    os._exit(0 if error is None and wrong == 0 else 1)
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 # ----------------------------------------------------------- netlink watch
@@ -305,27 +263,15 @@ def run_sampler(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("rank", help="one rank of the saturating all_reduce")
-    r.add_argument("--rank", type=int, required=True)
-    r.add_argument("--world", type=int, required=True)
-    r.add_argument("--store", required=True)
-    r.add_argument("--count", type=int, default=4 << 20, help="float32 elements per all_reduce")
-    r.add_argument("--dtype", default="float32")
-    r.add_argument("--depth", type=int, default=2, help="all_reduces kept in flight")
-    r.add_argument("--duration", type=float, default=600.0, help="stop after this many seconds at the latest")
-    r.add_argument("--stop-file", default=None, help="stop (all ranks together) once this file exists")
-    s = sub.add_parser("sample", help="sample counter files")
-    s.add_argument("--out", required=True)
-    s.add_argument("--interval", type=float, default=0.005)
-    s.add_argument("--watch", action="append", default=[],
+    p.add_argument("--out", required=True)
+    p.add_argument("--interval", type=float, default=0.005)
+    p.add_argument("--watch", action="append", default=[],
                    help="also time-stamp link carrier and nftables changes inside this network namespace")
-    s.add_argument("files", nargs="+")
-    args = p.parse_args(argv)
-    if args.cmd == "rank":
-        return run_rank(args)
-    return run_sampler(args)
+    p.add_argument("files", nargs="+")
+    return run_sampler(p.parse_args(argv))
 
+
+__all__ = ["Sampler", "parse_netlink", "netlink_sockets", "run_sampler"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 """MPTCP, the peer to beat: a plain MPTCP bulk transfer on the testbed, and what a cut does to it.
 
-``python -m linkescape.bench.mptcp server --port P`` accepts MPTCP connections
+``python -m linkescape.bench.failover.mptcp server --port P`` accepts MPTCP connections
 (``socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP=262)``) on 0.0.0.0 and discards
-what arrives; ``python -m linkescape.bench.mptcp client --connect ADDR:PORT``
+what arrives; ``python -m linkescape.bench.failover.mptcp client --connect ADDR:PORT``
 sends as fast as the path takes until ``--duration`` passes or ``--stop-file``
 appears. :func:`setup_mptcp` enables MPTCP in two testbed hosts with the
 in-kernel path manager: the server signals its backup-rail address, the client

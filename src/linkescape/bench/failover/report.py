@@ -1,0 +1,177 @@
+"""The failover benchmark's verdict (targets met or MISSED, never enforced) and its text report."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from .settings import TARGETS
+
+
+def verdict(result: dict) -> Dict[str, Any]:
+    """Which targets were met (None: not measured)."""
+    out: Dict[str, Any] = {}
+    for kind, s in result.get("series", {}).items():
+        t = TARGETS.get(kind, {})
+        sm = s["summary"]
+        loc, peer = sm["detect_local_ms"]["p99"], sm["detect_peer_ms"]["p99"]
+        miss_l, miss_p = sm["detect_local_ms"]["missing"], sm["detect_peer_ms"]["missing"]
+        out[f"{kind}_local_p99"] = None if loc is None else bool(loc <= t["local_p99"] and not miss_l)
+        out[f"{kind}_peer_p99"] = None if peer is None else bool(peer <= t["peer_p99"] and not miss_p)
+        r = sm["restore90_after_detect_ms"]
+        out[f"{kind}_restore_p99"] = None if r["p99"] is None else bool(
+            r["p99"] <= TARGETS["restore_after_detect"] and not r["missing"])
+        out[f"{kind}_correct"] = s["wrong"] == 0 and s["hangs"] == 0 and not s["errors"]
+        out[f"{kind}_no_false_trips"] = not s["unexplained_events"]
+    ov = result.get("overhead")
+    if ov and ov.get("overhead_pct_pairs") is not None:
+        # paired (adjacent, alternating) runs cancel most of the machine's drift
+        out["overhead"] = ov["overhead_pct_pairs"] <= TARGETS["overhead_pct"]
+    for policy, r in ((result.get("rates") or {}).get("policies") or {}).items():
+        for row in r["phases"]:
+            if "met" in row:
+                out[f"rate_{policy}_{row['kind']}"] = row["met"]
+    return out
+
+
+
+def _fmt(x: Optional[float], unit: str = "", nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}{unit}"
+
+
+def format_report(result: dict) -> str:
+    """The human-readable report of :func:`run_failover_bench`."""
+    st = result["settings"]
+    if not result.get("series") and result.get("rates"):
+        from .rates import format_rates
+
+        return "\n".join(["# linkescape failover benchmark: the job's rate while a rail is down",
+                          f"# kernel {result.get('kernel')}, {result.get('cpus')} CPUs, library settings "
+                          f"{result.get('config')}", "", format_rates(result["rates"]), "",
+                          f"# {result.get('duration_s', 0):.0f} s"])
+    lines = [f"# linkescape failover benchmark: {st['hosts']} hosts x {st['rails']} rails at {st['rate']}, "
+             f"all_reduce {st['size']} B x {st['depth']} in flight, congestion control {result.get('congestion')}",
+             f"# kernel {result.get('kernel')}, {result.get('cpus')} CPUs, library settings {result.get('config')}",
+             "# times in ms: median / p99 / max (n, missing)", ""]
+
+    def row(name: str, s: dict, target: Optional[float] = None) -> str:
+        miss = f", {s['missing']} missing" if s["missing"] else ""
+        tgt = ""
+        if target is not None and s["p99"] is not None:
+            tgt = f"   target p99 <= {target:g}: {'met' if s['p99'] <= target and not s['missing'] else 'MISSED'}"
+        return (f"  {name:44s} {_fmt(s['median']):>8} / {_fmt(s['p99']):>8} / {_fmt(s['max']):>8}"
+                f"  (n={s['n']}{miss}){tgt}")
+
+    for kind, s in result.get("series", {}).items():
+        sm = s["summary"]
+        t = TARGETS.get(kind, {})
+        lines.append(f"## {kind}: {s['faults']} faults, reference rate {_fmt(sm['ref_gbps']['median'], ' Gbit/s', 3)} "
+                     f"(pre-fault mean {_fmt(sm['baseline_gbps']['median'], ' Gbit/s', 3)})")
+        lines.append(row("detection, local (fault ts -> failover)", sm["detect_local_ms"], t.get("local_p99")))
+        lines.append(row("detection, peer side (per peer, from fault ts)", sm["detect_peer_ms"], t.get("peer_p99")))
+        lines.append(row("detection, last peer (from fault ts)", sm["detect_peer_all_ms"]))
+        lines.append(row("detection, local (from kernel event)", sm["detect_local_kernel_ms"], t.get("local_p99")))
+        lines.append(row("detection, peer side (from kernel event)", sm["detect_peer_kernel_ms"], t.get("peer_p99")))
+        lines.append(row("detection, peer side minus local", sm["peer_minus_local_ms"]))
+        lines.append(row("throughput >= 90% after local detection", sm["restore90_after_detect_ms"],
+                         TARGETS["restore_after_detect"]))
+        lines.append(row("throughput >= 90% after the last rank detected", sm["restore90_after_last_detect_ms"]))
+        lines.append(row("throughput >= 90% after the fault", sm["restore90_from_fault_ms"]))
+        lines.append(row("throughput >= 50% after the fault", sm["restore50_from_fault_ms"]))
+        lines.append(row("outage-equivalent (first 1 s)", sm["lost_ms"]))
+        lines.append(row("restore -> link_up (local)", sm["link_up_ms"]))
+        lines.append(row("restore -> failback (local)", sm["failback_local_ms"]))
+        lines.append(row("restore -> failback (per peer)", sm["failback_peer_ms"]))
+        lines.append(row("restore -> >= 90% on the primary rail", sm["failback_tput_ms"]))
+        if sm.get("carrier_to_link_down_ms", {}).get("n"):
+            lines.append(row("local carrier event -> link_down (kernel)", sm["carrier_to_link_down_ms"]))
+        if sm.get("rate_ratio", {}).get("n"):
+            rr = sm["rate_ratio"]
+            lines.append(f"  {'job rate during the fault / before (rank 0)':44s} {_fmt(rr['median'], 'x', 2):>8} median"
+                         f" (min {_fmt(rr['min'], 'x', 2)}, n={rr['n']}; before "
+                         f"{_fmt(sm['rate_before_ops']['median'], ' ops/s', 2)}, during "
+                         f"{_fmt(sm['rate_during_ops']['median'], ' ops/s', 2)})")
+        lines.append(row("fault command duration (ts - start)", sm["cmd_ms"]))
+        lines.append(row("kernel event minus fault ts", sm["kernel_minus_ts_ms"]))
+        causes: Dict[str, Dict[str, int]] = {}
+        for f in s["per_fault"]:
+            for side, cs in f["causes"].items():
+                for c, n in cs.items():
+                    causes.setdefault(side, {}).setdefault(c, 0)
+                    causes[side][c] += n
+        lines.append(f"  link_down causes: {causes}")
+        lines.append(f"  wrong elements {s['wrong']}, errors {len(s['errors'])}, hangs {s['hangs']}, "
+                     f"iterations {s['iters']}, unexplained link events (false trips) "
+                     f"{len(s['unexplained_events'])}, repaired rail down again after restore "
+                     f"{len(s.get('restore_churn', []))}")
+        for e in s["unexplained_events"][:5]:
+            lines.append(f"    unexplained: {e}")
+        if s["stalls"] or s["no_baseline"]:
+            lines.append(f"  STALLS (no host sent anything for >= 200 ms): {len(s['stalls'])}, "
+                         f"{s['stall_seconds']:.1f} s in all; faults without a busy baseline: {s['no_baseline']}")
+            for x in s["stalls"][:8]:
+                lines.append(f"    stall {x['seconds'] * 1e3:.0f} ms, {x['where']}")
+        for e in s["errors"][:3]:
+            lines.append(f"    error: rank {e.get('rank')}: {e.get('error')}")
+        lines.append("")
+    ov = result.get("overhead")
+    if ov:
+        lines.append("## healthy busbw (Gbit/s), alternating runs")
+        lines.append(f"  with backup rails: median {_fmt(ov['backup_gbps']['median'], '', 3)} "
+                     f"(min {_fmt(ov['backup_gbps']['min'], '', 3)}, max {_fmt(ov['backup_gbps']['max'], '', 3)}, "
+                     f"n={ov['backup_gbps']['n']})")
+        lines.append(f"  rail 0 only:       median {_fmt(ov['single_gbps']['median'], '', 3)} "
+                     f"(min {_fmt(ov['single_gbps']['min'], '', 3)}, max {_fmt(ov['single_gbps']['max'], '', 3)}, "
+                     f"n={ov['single_gbps']['n']})")
+        pct, pairs = ov.get("overhead_pct"), ov.get("overhead_pct_pairs")
+        if pairs is not None:
+            pr = ov["pair_ratio"]
+            lines.append(f"  overhead {pairs:+.2f}% (median of the paired ratios backup/single; ratios "
+                         f"{_fmt(pr['min'], '', 3)}..{_fmt(pr['max'], '', 3)}), {pct:+.2f}% (ratio of medians); "
+                         f"target <= {TARGETS['overhead_pct']:g}%: "
+                         f"{'met' if pairs <= TARGETS['overhead_pct'] else 'MISSED'}")
+        lines.append(f"  wrong {ov['wrong']}, hangs {ov['hangs']}, errors {len(ov['errors'])}")
+        lines.append("")
+    mp = result.get("mptcp")
+    if mp:
+        for cc, m in mp.items():
+            lines.append(f"## MPTCP vs linkescape, 2 hosts, cut of the primary rail, congestion control {cc}")
+            ms, ls = m["mptcp"]["summary"], m["linkescape"]
+            lines.append(row("MPTCP: half rate back on rail 1", ms["half_ms"]))
+            lines.append(row("MPTCP: 90% rate back on rail 1", ms["restore90_from_fault_ms"]))
+            lines.append(row("MPTCP: outage-equivalent (first 1 s)", ms["lost_ms"]))
+            lines.append(f"  MPTCP: rate before {_fmt(ms['baseline_gbps']['median'], '', 3)}, 1.5-2.5 s after the "
+                         f"cut {_fmt(ms['rate_after_gbps']['median'], '', 3)} Gbit/s (medians)")
+            lines.append(row("linkescape: half rate back", ls["half_ms"]))
+            lines.append(row("linkescape: 90% rate back", ls["restore90_from_fault_ms"]))
+            lines.append(row("linkescape: outage-equivalent (first 1 s)", ls["lost_ms"]))
+            lines.append(f"  linkescape: wrong {ls['wrong']}, hangs {ls['hangs']}, errors {len(ls['errors'])}")
+            lines.append("")
+    if result.get("rates"):
+        from .rates import format_rates
+
+        lines.append(format_rates(result["rates"]))
+        lines.append("")
+    v = result.get("verdict", {})
+    if v:
+        lines.append("## targets: " + ", ".join(f"{k}={'met' if x else ('-' if x is None else 'MISSED')}"
+                                                for k, x in v.items()))
+    lines.append(f"# {result.get('duration_s', 0):.0f} s")
+    return "\n".join(lines)
+
+
+def ok(result: dict) -> bool:
+    """No wrong result, no error, no hang anywhere in the run."""
+    parts = list(result.get("series", {}).values())
+    bad = sum(s["wrong"] + s["hangs"] + len(s["errors"]) for s in parts)
+    ov = result.get("overhead")
+    if ov:
+        bad += ov["wrong"] + ov["hangs"] + len(ov["errors"])
+    for m in (result.get("mptcp") or {}).values():
+        le = m["linkescape"]
+        bad += le["wrong"] + le["hangs"] + len(le["errors"])
+    for r in (result.get("rates") or {}).get("policies", {}).values():
+        bad += r["wrong"] + r["hangs"] + len(r["errors"]) + len(r["injection_errors"])
+    return bad == 0
+
+
+__all__ = ["format_report", "verdict", "ok"]

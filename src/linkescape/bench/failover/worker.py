@@ -1,0 +1,131 @@
+"""One rank of the failover benchmark's workload: all_reduces in a loop, every result checked.
+
+``python -m linkescape.bench.failover.worker --rank R --world N --store DIR ...``
+keeps ``--depth`` asynchronous all_reduces in flight until the ranks agree to
+stop (the stop file appears or ``--duration`` passes), checks every result
+bit for bit against a precomputed exact reference, and prints JSON lines:
+``ready``, ``done`` (per iteration: completion wall time ``t``, ``wrong``),
+``links`` (bytes per rail), ``exit`` (iterations, wrong elements, error).
+``--depth 1`` is a plain loop of blocking all_reduces (the rate phases).
+
+The ranks stop together: every iteration carries a tiny companion
+all_reduce of each rank's "want to stop" flag, so all ranks see the same sum
+for the same iteration and leave the loop at the same point (a per-rank clock
+would let one rank start a collective the others never join).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import List
+
+import numpy as np
+
+
+def say(**record) -> None:
+    record.setdefault("t", time.time())
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def pattern(rank: int, k: int, count: int, dtype) -> np.ndarray:
+    """Small integers: every sum is exact, so results are checked bit for bit."""
+    rng = np.random.default_rng([rank, k, count, 7])
+    return rng.integers(-8, 9, size=count).astype(dtype)
+
+
+def _rail_bytes(comm) -> list:
+    """Bytes per rail (public API; diagnostics only)."""
+    try:
+        return comm.rail_bytes()
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return []
+
+
+def run_rank(args) -> int:
+    import faulthandler
+
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the controller asks before killing a hung rank
+
+    from linkescape import Communicator, FileStore
+
+    dtype = np.dtype(args.dtype)
+    n, count, depth = args.world, args.count, max(1, args.depth)
+    npat = 4
+    inputs = [pattern(args.rank, k, count, dtype) for k in range(npat)]
+    refs = []
+    for k in range(npat):
+        acc = np.zeros(count, np.int64)
+        for q in range(n):
+            acc += pattern(q, k, count, np.int64)
+        refs.append(acc.astype(dtype).view(np.uint8))
+    bufs = [np.empty(count, dtype) for _ in range(depth)]
+    flags = [np.zeros(1, np.int32) for _ in range(depth)]
+    wrong = 0
+    iters = 0
+    error = None
+    comm = None
+    t_end = time.time() + args.duration
+    try:
+        comm = Communicator(FileStore(args.store, timeout=60), args.rank, n)
+        say(event="ready", rank=args.rank, rails=comm.rails, nbytes=int(count * dtype.itemsize))
+        inflight: List[tuple] = []  # (iteration, slot, work, flag work)
+        posted = 0
+        stop = False
+        while True:
+            while not stop and len(inflight) < depth:
+                slot = posted % depth
+                buf = bufs[slot]
+                np.copyto(buf, inputs[posted % npat])
+                want = time.time() >= t_end or (args.stop_file and os.path.exists(args.stop_file))
+                flags[slot][0] = 1 if want else 0
+                w = comm.all_reduce(buf, async_op=True)
+                wf = comm.all_reduce(flags[slot], async_op=True)
+                inflight.append((posted, slot, w, wf))
+                posted += 1
+            if not inflight:
+                break
+            it, slot, w, wf = inflight.pop(0)
+            w.wait()
+            wf.wait()
+            t = time.time()
+            bad = int(np.count_nonzero(bufs[slot].view(np.uint8) != refs[it % npat]))
+            wrong += bad
+            iters += 1
+            say(event="done", iter=it, t=t, wrong=bad)
+            if flags[slot][0] > 0:
+                stop = True  # every rank sees the same sum here: all stop after the same iteration
+        comm.barrier()
+        say(event="links", rails=_rail_bytes(comm))
+        comm.close()
+    except BaseException as exc:  # noqa: BLE001 - reported to the controller
+        error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    say(event="exit", rank=args.rank, wrong=wrong, iters=iters, error=error,
+        error_type=None if error is None else error.split(":")[0])
+    sys.stdout.flush()
+    os._exit(0 if error is None and wrong == 0 else 1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--count", type=int, default=4 << 20, help="float32 elements per all_reduce")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--depth", type=int, default=2, help="all_reduces kept in flight")
+    p.add_argument("--duration", type=float, default=600.0, help="stop after this many seconds at the latest")
+    p.add_argument("--stop-file", default=None, help="stop (all ranks together) once this file exists")
+    return run_rank(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""What the demo shows while it runs: :class:`LiveState`, fed by :class:`Monitor`.
+
+The monitor tails the training steps and every rank's event trail and
+refreshes the NIC rates; the fault runner adds the faults and rail states.
+The display (:mod:`.display`) and the plain output read the state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..testbed.job import Tail
+from .faultplan import Fault
+from .sampling import rates_from
+
+
+class LiveState:
+    """What the display shows; fed by the tailers, the fault runner and the sampler."""
+
+    def __init__(self, hosts: int, rails: int, steps: int, title: str, run_name: str) -> None:
+        self.hosts = hosts
+        self.rails = rails
+        self.steps_total = steps
+        self.title = title
+        self.run_name = run_name
+        self.lock = threading.RLock()
+        self.t_start: Optional[float] = None
+        self.steps: List[Dict[str, Any]] = []
+        self.rail_state: Dict[Tuple[int, int], str] = {(h, r): "up" for h in range(hosts) for r in range(rails)}
+        # (rank, peer) -> rail carrying the traffic (None: no path)
+        self.active: Dict[Tuple[int, int], Optional[int]] = {(a, b): 0 for a in range(hosts) for b in range(hosts)
+                                                              if a != b}
+        self.events: List[Dict[str, Any]] = []
+        self.lines: List[Tuple[float, str, str]] = []  # (ts, text, style) for the event pane / plain output
+        self.faults: List[Fault] = []
+        self.planned_duration: Optional[float] = None
+        self.rates: Optional[List[List[float]]] = None  # Mbit/s per host and rail, once sampled
+        self.listeners: List[Callable[[float, str, str], None]] = []
+        self.finished = False
+
+    # -- training progress
+    def on_steps(self, records: List[Dict[str, Any]]) -> None:
+        with self.lock:
+            for r in records:
+                if "start" in r:
+                    self.t_start = float(r["start"])
+                elif "step" in r:
+                    self.steps.append(r)
+
+    def wait_training_start(self, stop: threading.Event) -> Optional[float]:
+        while not stop.is_set():
+            with self.lock:
+                if self.t_start is not None:
+                    return self.t_start
+            stop.wait(0.05)
+        return None
+
+    def estimate_duration(self, min_duration: float, stop: threading.Event) -> Optional[float]:
+        """How long training will last: from the first steps (after warm-up), at least ``min_duration``."""
+        deadline = time.time() + 4.0
+        while not stop.is_set():
+            with self.lock:
+                dts = [s["dt"] for s in self.steps[1:4]]
+                done = len(self.steps) >= min(4, self.steps_total) or time.time() > deadline
+            if done:
+                per = statistics.median(dts) if dts else 0.0
+                return max(min_duration, per * self.steps_total)
+            stop.wait(0.05)
+        return None
+
+    # -- faults and rails
+    def set_faults(self, faults: List[Fault], duration: float) -> None:
+        with self.lock:
+            self.faults = faults
+            self.planned_duration = duration
+
+    def set_rail(self, host: int, rail: int, state: str) -> None:
+        with self.lock:
+            self.rail_state[(host, rail)] = state
+
+    def fault_line(self, ts: float, text: str) -> None:
+        repaired = text.startswith("RESTORE") or text.endswith("link up")
+        self.note(text, ts=ts, style="bold green" if repaired else "bold red")
+
+    def note(self, text: str, ts: Optional[float] = None, style: str = "") -> None:
+        ts = time.time() if ts is None else ts
+        with self.lock:
+            self.lines.append((ts, text, style))
+            listeners = list(self.listeners)
+        for fn in listeners:
+            fn(ts, text, style)
+
+    # -- events
+    def on_events(self, records: List[Dict[str, Any]]) -> None:
+        for r in sorted(records, key=lambda r: r.get("ts", 0.0)):
+            ev, rank, peer, rail = r.get("event"), r.get("rank"), r.get("peer"), r.get("rail")
+            with self.lock:
+                self.events.append(r)
+                if ev in ("failover", "failback") and (rank, peer) in self.active:
+                    self.active[(rank, peer)] = rail
+                elif ev == "no_path" and (rank, peer) in self.active:
+                    self.active[(rank, peer)] = None
+            cause = f" cause={r['cause']}" if r.get("cause") else ""
+            frm = f" from rail {r['from_rail']}" if r.get("from_rail") is not None else ""
+            style = {"link_down": "yellow", "failover": "magenta", "link_up": "cyan", "failback": "green",
+                     "no_path": "bold red", "peer_lost": "bold red"}.get(ev, "")
+            self.note(f"rank {rank}: {ev:<9} peer {peer} rail {rail}{frm}{cause}", ts=r.get("ts"), style=style)
+
+    def traffic_on(self, host: int) -> str:
+        """Which rail carries this host's traffic to each peer: ``r0: all`` or ``r0: h2 h3 | r1: h1``."""
+        with self.lock:
+            by_peer = {p: self.active[(host, p)] for p in range(self.hosts) if p != host}
+        if not by_peer:
+            return "-"
+        groups: Dict[Optional[int], List[int]] = {}
+        for p, r in by_peer.items():
+            groups.setdefault(r, []).append(p)
+        if len(groups) == 1:
+            r = next(iter(groups))
+            return "no path" if r is None else f"r{r}: all"
+        return " | ".join(("no path" if r is None else f"r{r}") + ": " + " ".join(f"h{p}" for p in peers)
+                          for r, peers in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+
+    def set_rates(self, rates: List[List[float]]) -> None:
+        with self.lock:
+            self.rates = rates
+
+
+class Monitor(threading.Thread):
+    """Tails the step and event files, refreshes rates; drives the display."""
+
+    def __init__(self, state: LiveState, steps_path: str, event_paths: Sequence[str],
+                 sampler=None, on_tick: Optional[Callable[[], None]] = None, interval: float = 0.1) -> None:
+        super().__init__(name="demo-monitor", daemon=True)
+        self.state = state
+        self.steps_tail = Tail(steps_path)
+        self.event_tails = [Tail(p) for p in event_paths]
+        self.sampler = sampler
+        self.on_tick = on_tick
+        self.interval = interval
+        self._stop_ev = threading.Event()
+
+    def poll(self) -> None:
+        self.state.on_steps(self.steps_tail.read())
+        evs: List[Dict[str, Any]] = []
+        for t in self.event_tails:
+            evs += t.read()
+        if evs:
+            self.state.on_events(evs)
+        if self.sampler is not None:
+            r = rates_from(self.sampler.series()[-20:])
+            if r is not None:
+                self.state.set_rates(r)
+        if self.on_tick is not None:
+            self.on_tick()
+
+    def run(self) -> None:
+        while not self._stop_ev.wait(self.interval):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the display must not kill the demo
+                pass
+
+    def stop(self) -> None:
+        self._stop_ev.set()
+        self.join(2.0)
+        self.poll()
+
+
+__all__ = ["LiveState", "Monitor"]
