@@ -1,7 +1,7 @@
 """PyTorch's in-wheel backend suite against linkescape (see upstream_suite.py).
 
-The whole suite (285 tests, about 145 that spawn 3 ranks) took 47 minutes
-on this project's shared 2-core machine (docs/torch.md), so ``make test`` runs a subset: the tests that used
+The whole suite (285 tests, about 145 that spawn 3 ranks) took 24 to 47
+minutes on this project's shared 2-core machine (docs/torch.md), so ``make test`` runs a subset: the tests that used
 to fail (all_gather_coalesced, send/recv from any source) and a spread of
 the collectives and DDP. The full run, with its counts next to Gloo's, is
 documented in docs/torch.md; ``LINKESCAPE_TORCH_SUITE=full`` runs it here.
