@@ -170,3 +170,23 @@ def test_mptcp_comparison_small():
     le = m["linkescape"]
     assert le["wrong"] == 0 and le["hangs"] == 0 and not le["errors"]
     assert le["per_fault"] and le["per_fault"][0]["local_cmd_ms"] > 0
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(240)
+def test_a_flap_series_with_the_jobs_rate_and_carrier_detection():
+    require_testbed()
+    result = fo.run_failover_bench(("flap",), count=2, hosts=2, rails=2, rate="1gbit", overhead_repeats=0,
+                                   mptcp=False, log=lambda s: None, flap_period_s=0.4, flap_cycles=3, **SHORT)
+    s = result["series"]["flap"]
+    assert s["faults"] == 2 and s["wrong"] == 0 and s["hangs"] == 0 and not s["errors"], s["errors"]
+    for f in s["per_fault"]:
+        assert f["causes"].get("local", {}).get("carrier"), f  # a flap is a carrier loss, again and again
+        assert f["failback_local_ms"] is not None and f["failback_local_ms"] > 0, f
+        # the sampler heard the kernel's carrier loss, and the rank's link_down followed it
+        assert f["carrier_to_link_down_ms"] is not None and f["carrier_to_link_down_ms"] > -5.0, f
+        assert f["rate_before_ops"] and f["rate_during_ops"] is not None and f["rate_ratio"] > 0, f
+    sm = s["summary"]
+    assert sm["carrier_to_link_down_ms"]["n"] == 2 and sm["rate_ratio"]["n"] == 2
+    text = fo.format_report(result)
+    assert "local carrier event -> link_down" in text and "job rate during the fault" in text

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .analysis import first_event
+from .analysis import first_event, ops_rate
 from .job import FailoverJob
 from .settings import TARGETS, Log, PhaseSettings, cc_env, policy_env
 
@@ -58,7 +58,8 @@ def phase_plan(ps: PhaseSettings) -> Tuple[Any, List[Dict[str, Any]]]:
 
 
 def window_rates(dones: Sequence[dict], t0: float, t1: float, sub: float) -> Dict[str, Any]:
-    """Rank 0's ops/s in ``[t0, t1]``: the count over the length, and the median of ``sub``-second windows."""
+    """Rank 0's ops/s in ``[t0, t1]``: the count over the length, and the median of ``sub``-second windows
+    (each (n - 1) / (last - first) of its completions, so that ~16 ops in a window do not round to 1/16)."""
     ts = np.array(sorted(d["t"] for d in dones), float)
     n = int(((ts >= t0) & (ts < t1)).sum())
     length = max(t1 - t0, 1e-9)
@@ -66,7 +67,9 @@ def window_rates(dones: Sequence[dict], t0: float, t1: float, sub: float) -> Dic
     k = int(length // sub) if sub > 0 else 0
     for j in range(k):
         a = t0 + j * sub
-        subs.append(float(((ts >= a) & (ts < a + sub)).sum()) / sub)
+        rate = ops_rate(dones, a, a + sub)
+        if rate is not None:
+            subs.append(rate)
     return {"t0": t0, "t1": t1, "ops": n, "ops_per_s": n / length,
             "median_ops_per_s": float(np.median(subs)) if subs else None, "windows_ops_per_s": subs}
 
