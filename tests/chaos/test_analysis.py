@@ -126,3 +126,50 @@ def test_tcp_counters_between_two_times():
            [1.0, [{"rto": 3, "retrans": 9}, {"rto": 2, "retrans": 1}]],
            [2.0, [{"rto": 3, "retrans": 9}, None]]]
     assert analysis.tcp_between(tcp, 0.2, 0.8) == {"rto": 4, "retrans": 5}
+
+
+def test_a_step_during_an_undetected_lossy_rail_allows_the_grey_failure_detection():
+    lossy = [{"kind": "lossy", "host": 0, "rail": 0, "at": 10.0, "hold": 3.0, "loss": 15}]
+    res, rows = _run(lossy, [_step(1, 11.0, 1.2)])  # TCP crawls on the lossy path; nothing has left it yet
+    assert rows[1]["condition"] == "lossy_path_left"
+    assert rows[1]["bound"] == pytest.approx(0.1 + analysis.LOSSY_DETECT) and res["violation_count"] == 0
+    res, rows = _run(lossy, [_step(1, 11.0, 1.8)])
+    assert res["violation_count"] == 1 and rows[1]["violation"]
+    # once the library has left the lossy rail (link_down on it), only what is left of the detection counts
+    left = {0: [{"ts": T0 + 10.8, "event": "link_down", "peer": 1, "rail": 0, "cause": "degraded"}]}
+    res, rows = _run(lossy, [_step(1, 11.0, 0.5)], events=left)
+    assert rows[1]["condition"] == "path_left"
+    assert rows[1]["bound"] == pytest.approx(0.1 + (10.0 + analysis.LOSSY_DETECT - 11.0))
+    res, rows = _run(lossy, [_step(1, 11.0, 0.9)], events=left)
+    assert res["violation_count"] == 1
+
+
+def test_only_lossy_rails_left_is_judged_by_the_no_path_rule():
+    deg = [{"kind": "cut", "host": 0, "rail": 1, "at": 5.0, "hold": 10.0},
+           {"kind": "lossy", "host": 1, "rail": 0, "at": 10.0, "hold": 2.0, "loss": 10}]
+    res, rows = _run(deg, [_step(1, 10.5, 2.5)])  # path clean again at 12.0; done 1.0 s later
+    assert rows[1]["condition"] == "degraded" and not rows[1]["violation"]
+    res, rows = _run(deg, [_step(1, 10.5, 3.2)])  # 1.7 s after the path came back
+    assert rows[1]["condition"] == "degraded" and rows[1]["violation"]
+
+
+def test_the_bounds_are_judged_above_the_runs_own_noise():
+    cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 2.0}]
+    # 100 quiet steps and 5 that stalled 250 ms with no fault anywhere near: this machine's noise
+    noisy = [_step(300 + i, 40.0 + 0.3 * i, 0.252) for i in range(5)]
+    many_quiet = [_step(400 + i, 42.0 + 0.01 * i, 0.002) for i in range(100)]
+    res, rows = _run(cut, [_step(1, 10.0, 0.30)] + noisy + many_quiet)
+    noise = res["noise"]
+    assert noise["baseline_steps"] >= analysis.MIN_BASELINE
+    assert noise["allowance_s"] == pytest.approx(0.25, abs=0.01)
+    assert rows[1]["stall"] > rows[1]["bound"]  # beyond the bound alone ...
+    assert res["beyond_bound_count"] == 1 and res["violation_count"] == 0  # ... but not beyond bound + noise
+    res, rows = _run(cut, [_step(1, 10.0, 0.45)] + noisy + many_quiet)
+    assert res["violation_count"] == 1 and rows[1]["allowance"] == pytest.approx(noise["allowance_s"])
+
+
+def test_too_few_baseline_steps_give_no_noise_allowance():
+    cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 2.0}]
+    res, _ = _run(cut, [_step(1, 10.0, 0.30), _step(2, 40.0, 0.252)])
+    assert res["noise"]["baseline_steps"] < analysis.MIN_BASELINE and res["noise"]["allowance_s"] == 0.0
+    assert res["violation_count"] == 1

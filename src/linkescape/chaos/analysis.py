@@ -17,13 +17,27 @@ Definitions (the report repeats them):
 
   - *path left* (every pair of hosts kept a clean rail): the stall must not
     exceed 100 ms plus the detection time of every fault that began during the
-    step (or up to one detection time before it): cut/flap by carrier
-    ``CUT_DETECT`` s, blackhole/lossy by silence (silent timeout + one
-    heartbeat + a 10 ms tick). With no fault at all: 100 ms.
-  - *no path* (some pair had no usable rail) or *degraded* (only lossy ones):
-    the step must end at most 1.5 s (+ its normal time, + the detection of
-    faults that began after the path returned) after every pair has a clean
-    rail again. A step that ends while the outage lasts meets its bound.
+    step, and what was left at its start of the detection of faults that began
+    before it: cut/flap by carrier ``CUT_DETECT`` s, blackhole by silence
+    (silent timeout + one heartbeat + a 10 ms tick), lossy by grey-failure
+    detection ``LOSSY_DETECT`` s. With no fault at all: 100 ms.
+  - *lossy path left*: a lossy NIC was in use (the library had not yet left it
+    on every one of its links) while every pair kept a clean rail: TCP itself
+    stalls on the lossy path until the library leaves it, so the bound is
+    100 ms + ``LOSSY_DETECT`` (+ the detection of other faults).
+  - *no path* (some pair had no usable rail) or *degraded* (its only rails
+    were lossy): the step must end at most 1.5 s (+ its normal time, + the
+    detection of faults that began after the path returned) after every pair
+    has a clean rail again. A step that ends while the outage lasts meets its
+    bound.
+
+* **noise**: the *baseline* steps (no fault within 0.5 s, or after a repair
+  that the library did nothing about) show what the machine does on its own;
+  on 2 cores with 4 ranks they stall for hundreds of ms by scheduling alone.
+  A judged step violates its bound only when its stall exceeds the bound plus
+  the p99 of the same run's baseline stalls (once ``MIN_BASELINE`` baseline
+  steps measure it). Both numbers, and the raw count of steps beyond the bound
+  alone, are in the result.
 """
 
 from __future__ import annotations
@@ -36,7 +50,14 @@ import numpy as np
 from ..faults.schedule import Schedule, path_timeline
 
 CUT_DETECT = 0.010  # "a few ms" for a carrier loss, with slack for this loaded machine's scheduling
+#: grey failure (issue 7): goodput below half the healthy rate for 1 s, sampled every 100 ms, so a lossy
+#: rail is found degraded 1.0-1.5 s after it turned lossy (or earlier, by silence)
+LOSSY_DETECT = 1.5
 STALL_SLACK = 0.100  # issue 7: detection time + 100 ms
+#: the run's own noise (the p99 of its baseline stalls) is added to every bound once this many baseline
+#: steps measure it; with fewer, the bounds are judged as they are
+MIN_BASELINE = 50
+NOISE_PERCENTILE = 99.0
 NO_PATH_RESUME = 1.5  # issue 7: at most 1.5 s after a path returns
 TICK = 0.010  # the engine's timer tick
 QUIET_BEFORE_REPAIR = 3.0  # failback (hold-down 1 s + re-dial) happens within this after a repair
@@ -46,7 +67,13 @@ Interval = Tuple[float, float, int, int, str]
 
 
 def detect_time(mechanism: str, silent: float, heartbeat: float) -> float:
-    return CUT_DETECT if mechanism == "cut" else silent + heartbeat + TICK
+    """How long the library may take to notice a fault made by ``mechanism``: a carrier loss at once, a
+    blackhole by silence (silent timeout + a heartbeat + a tick), a lossy rail by its goodput."""
+    if mechanism == "cut":
+        return CUT_DETECT
+    if mechanism == "lossy":
+        return LOSSY_DETECT
+    return silent + heartbeat + TICK
 
 
 # ------------------------------------------------------------ normal times
@@ -126,11 +153,20 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
     ctx = _Context(timeline, onsets, Spans((iv[0], iv[1]) for iv in intervals), silent, heartbeat)
     ctx.returns = Spans((e["ts"], e["ts"]) for evs in (events or {}).values() for e in evs
                         if e.get("event") in ("failback", "link_up"))
+    ctx.lossy = lossy_detections(intervals, events or {}, world)
     spans = fault_spans(runner_log)
     rows: List[Dict[str, Any]] = []
     for rank, recs in steps.items():
         for rec in recs:
             rows.append(_judge(rank, rec, normals, ctx, world, rate_bps))
+    noise = baseline_noise(rows)
+    for r in rows:
+        if r.get("bound") is None:
+            continue
+        r["beyond_bound"] = r["stall"] > r["bound"]
+        if judged(r["condition"]):
+            r["allowance"] = noise["allowance_s"]
+            r["violation"] = r["stall"] > r["bound"] + noise["allowance_s"]
     rows.sort(key=lambda r: -r["stall"])
     for r in rows[:50] + [x for x in rows if x["violation"]][:50]:
         r["faults"] = labels(schedule, spans, r["t0"], r["t1"])
@@ -143,14 +179,55 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
         c["violations"] += int(r["violation"])
         c["longest_stall_s"] = max(c["longest_stall_s"], r["stall"])
     viol = [r for r in rows if r["violation"] and judged(r["condition"])]
-    viol.sort(key=lambda r: -(r["stall"] - r["bound"]))
+    viol.sort(key=lambda r: -(r["stall"] - r["bound"] - r.get("allowance", 0.0)))
+    raw = [r for r in rows if r.get("beyond_bound") and judged(r["condition"])]
     base = [r for r in rows if not judged(r["condition"])]
     judged_rows = [r for r in rows if judged(r["condition"])]
     return {"longest": judged_rows[0] if judged_rows else None, "baseline_longest": base[0] if base else None,
             "baseline_over_100ms": sum(1 for r in base if r["violation"]),
             "violations": viol[:50], "violation_count": len(viol),
+            "beyond_bound_count": len(raw), "noise": noise,
             "by_condition": by_cond, "normals": len(normals), "top": rows[:10],
             "gaps": _completion_gaps(steps)}
+
+
+def baseline_noise(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The run's own stalls where no fault acts (the baseline): on a shared, oversubscribed machine
+    (4 ranks on 2 cores here) steps stall for scheduling alone. Their p99 is what a bound cannot be
+    judged below; it is added to every bound once :data:`MIN_BASELINE` baseline steps measure it."""
+    stalls = np.array([r["stall"] for r in rows if not judged(r["condition"])], float)
+    out: Dict[str, Any] = {"baseline_steps": int(stalls.size), "min_baseline": MIN_BASELINE,
+                           "percentile": NOISE_PERCENTILE, "allowance_s": 0.0}
+    if stalls.size:
+        out.update(p50_s=float(np.median(stalls)), p99_s=float(np.percentile(stalls, 99.0)),
+                   max_s=float(stalls.max()))
+        if stalls.size >= MIN_BASELINE:
+            out["allowance_s"] = float(np.percentile(stalls, NOISE_PERCENTILE))
+    return out
+
+
+def lossy_detections(intervals: Sequence[Interval], events: Mapping[int, Sequence[Mapping[str, Any]]],
+                     world: int) -> List[Tuple[float, float, Optional[float]]]:
+    """Per lossy stretch of a NIC (as applied): ``(t0, t1, detected)``, ``detected`` being when the last
+    of the NIC's links (host h to every other rank, on its rail; hosts are ranks) went down, from either
+    end, or None if some link never did while the stretch lasted."""
+    out = []
+    for t0, t1, h, r, mech in intervals:
+        if mech != "lossy":
+            continue
+        last: Optional[float] = t0
+        for p in range(world):
+            if p == h:
+                continue
+            downs = [e["ts"] for rank, peer in ((h, p), (p, h)) for e in events.get(rank, ())
+                     if e.get("event") == "link_down" and e.get("peer") == peer and e.get("rail") == r
+                     and t0 - 0.05 <= e.get("ts", 0.0) <= t1]
+            if not downs:
+                last = None
+                break
+            last = max(last, min(downs))
+        out.append((t0, t1, last))
+    return out
 
 
 class _Context:
@@ -162,9 +239,11 @@ class _Context:
         self.t_ends = np.array([p[1] for p in timeline])
         self.on_ts = np.array([o[0] for o in onsets])
         self.on_det = np.array([detect_time(o[1], silent, heartbeat) for o in onsets])
+        self.on_lossy = np.array([o[1] == "lossy" for o in onsets], bool)
         self.spans = spans
-        self.max_det = max([silent + heartbeat + TICK, CUT_DETECT])
+        self.max_det = max([silent + heartbeat + TICK, CUT_DETECT, LOSSY_DETECT])
         self.returns = Spans(())  # failback and link_up events
+        self.lossy: List[Tuple[float, float, Optional[float]]] = []  # lossy stretches and their detection
 
     def outages(self, a: float, b: float) -> List[Tuple[float, float, str]]:
         lo = int(np.searchsorted(self.t_ends, a, side="right"))
@@ -172,13 +251,19 @@ class _Context:
         return self.timeline[lo:hi]
 
     def detection_in(self, a: float, b: float, lead: bool) -> float:
-        """Sum of the detection times of the faults that began in [a, b] (with ``lead``: up to one
-        detection time before ``a``)."""
+        """Sum of the detection times of the faults that began in [a, b], and (with ``lead``) what is
+        left at ``a`` of the detection of those that began before it."""
         lo = int(np.searchsorted(self.on_ts, a - (self.max_det if lead else 0.0), side="left"))
         hi = int(np.searchsorted(self.on_ts, b, side="right"))
         ts, det = self.on_ts[lo:hi], self.on_det[lo:hi]
-        keep = ts >= (a - det if lead else a)
-        return float(det[keep].sum())
+        if not lead:
+            return float(det[ts >= a].sum())
+        left = np.where(ts >= a, det, ts + det - a)
+        return float(left[left > 0].sum())
+
+    def lossy_undetected(self, a: float, b: float) -> bool:
+        """A lossy NIC carried traffic during [a, b] before the library had left it on every link."""
+        return any(t0 < b and t1 > a and (det is None or det > a) for t0, t1, det in self.lossy)
 
 
 def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rate_bps) -> Dict[str, Any]:
@@ -189,6 +274,12 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
                            "bytes": sum(b for _, _, b in rec["ops"]), "t0": t0, "t1": t1,
                            "duration": t1 - t0, "normal": normal, "stall": stall, "measured": stall}
     det = ctx.detection_in(t0, t1, lead=True)
+    lossy = ctx.lossy_undetected(t0, t1)
+    if lossy:
+        # TCP itself stalls on a lossy path until the library leaves it: the grey-failure detection time
+        # (counted once, from the step's start), not the silent timeout.
+        lead_lossy = ctx.detection_in(t0, t1, lead=True) - _lossy_part(ctx, t0, t1)
+        det = lead_lossy + LOSSY_DETECT
     bound = STALL_SLACK + det
     # An outage during the step, or one that ended less than NO_PATH_RESUME before it (the library
     # may still be re-opening links), allows the step to end up to 1.5 s after the path came back.
@@ -203,6 +294,8 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
         row["path_back"] = t_back
         row["condition"] = worst if during else f"after_{worst}"
         bound = max(bound, (t_back - t0) + NO_PATH_RESUME + ctx.detection_in(t_back, t1, lead=False))
+    elif lossy:
+        row["condition"] = "lossy_path_left"
     elif det or ctx.spans.overlaps(t0, t1):
         row["condition"] = "path_left"
     elif ctx.spans.ends_within(t0 - QUIET_BEFORE_REPAIR, t1):
@@ -214,6 +307,16 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
     row["bound"] = bound
     row["violation"] = stall > bound
     return row
+
+
+def _lossy_part(ctx: _Context, a: float, b: float) -> float:
+    """The part of :meth:`_Context.detection_in` (with lead) that lossy onsets contribute."""
+    lo = int(np.searchsorted(ctx.on_ts, a - ctx.max_det, side="left"))
+    hi = int(np.searchsorted(ctx.on_ts, b, side="right"))
+    ts, det = ctx.on_ts[lo:hi], ctx.on_det[lo:hi]
+    lossy = ctx.on_lossy[lo:hi]
+    left = np.where(ts >= a, det, ts + det - a)
+    return float(left[(left > 0) & lossy].sum())
 
 
 def tcp_between(tcp: Sequence[Sequence[Any]], a: float, b: float) -> Dict[str, int]:
@@ -369,4 +472,5 @@ def event_counts(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[str,
 
 
 __all__ = ["stalls", "detection", "false_trips", "event_counts", "normal_times", "wire_bytes", "detect_time",
-           "STALL_SLACK", "NO_PATH_RESUME", "CUT_DETECT"]
+           "baseline_noise", "lossy_detections", "STALL_SLACK", "NO_PATH_RESUME", "CUT_DETECT", "LOSSY_DETECT",
+           "MIN_BASELINE"]
