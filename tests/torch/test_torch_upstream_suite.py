@@ -26,7 +26,7 @@ SUBSET = [
     "test_send_recv_any_source",
     "test_send_recv_any_source_autograd_profiler",
     "test_send_recv_any_source_torch_profiler",
-    "test_broadcast_group",
+    "test_broadcast_full_group",
     "test_all_reduce_sum_async",
     "test_scatter_full_group",
     "test_gather",
