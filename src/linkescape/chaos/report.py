@@ -27,10 +27,11 @@ DEFINITIONS = {
     "bound_no_path": "some pair had no usable rail (no_path) or only lossy ones (degraded): the step ends at most "
                      "1.5 s + its normal time (+ detection of faults begun after) after every pair has a clean rail "
                      "again; a step that ends during the outage meets its bound",
-    "noise": "a judged step violates its bound when its stall exceeds the bound + the p99 of the same run's "
-             f"baseline stalls (no fault near; counted once {analysis.MIN_BASELINE} baseline steps measure it): "
-             "scheduling delay on a shared machine is not the library's; steps beyond the bound alone are counted "
-             "too (beyond_bound_count)",
+    "noise": "a judged step violates its bound when its stall exceeds the bound + the run's noise allowance: the "
+             "1 - 1/N quantile (N judged steps; at least p99, at most the maximum) of the same run's baseline "
+             f"stalls (no fault near; counted once {analysis.MIN_BASELINE} baseline steps measure it), what "
+             "scheduling alone reaches about once among N steps on a shared machine; steps beyond the bound alone "
+             "are counted too (beyond_bound_count)",
     "detection": "fault applied (the ip/nft command returned) -> first link_down/failover event on that rail, "
                  "local = the faulty host's rank, peer = every other rank, for its link to the faulty host",
     "hung": "a step outstanding longer than --hang (default 60 s), or a rank that did not exit after the stop",
@@ -274,7 +275,8 @@ def _stalls(st: Dict[str, Any], add, t0: float) -> None:
     if nz:
         add(f"noise of this run (baseline steps: {nz['baseline_steps']}): stall p50 {_ms(nz.get('p50_s'))}, "
             f"p99 {_ms(nz.get('p99_s'))}, max {_ms(nz.get('max_s'))}; allowance added to every bound: "
-            f"{_ms(nz['allowance_s'])}" + ("" if nz["baseline_steps"] >= nz["min_baseline"] else
+            f"{_ms(nz['allowance_s'])} (the p{nz['percentile']:.2f} for {nz.get('judged_steps', 0)} judged steps)"
+            + ("" if nz["baseline_steps"] >= nz["min_baseline"] else
                                            f" (fewer than {nz['min_baseline']} baseline steps: none)"))
         add(f"steps beyond their bound alone: {st.get('beyond_bound_count', 0)}; beyond bound + noise: "
             f"{st['violation_count']}")
