@@ -2,7 +2,7 @@
 
 On a testbed (``hosts`` network namespaces x ``rails`` veth rails shaped to
 ``rate`` with tbf) one rank per host runs a saturating all_reduce
-(:mod:`linkescape.bench.failover_worker`: ``depth`` asynchronous all_reduces of
+(:mod:`.worker`: ``depth`` asynchronous all_reduces of
 ``size`` bytes always in flight, every result checked bit for bit). While it
 runs, ``count`` faults of each kind hit the primary rail (rail 0) of one host
 after another (host ``i % hosts``): fault, hold, restore, wait for failback,
