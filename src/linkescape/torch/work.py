@@ -192,6 +192,51 @@ class _Part:
         return self.work._cause if self.work._done.is_set() else None
 
 
+class _KeepAlive:
+    """Keeps Python work objects alive after torch's C++ took them.
+
+    torch's C++ code may hold a ``Work`` a Python backend returned (DDP keeps
+    the forward pass's join allreduce until the backward; functional
+    collectives register works until ``wait_tensor``) without holding the
+    Python object. Once that object is collected, C++ calls on the handle
+    reach the base class: ``wait()`` never returns, ``get_future()`` gives
+    nothing. So every work is kept while pending, and the most recent
+    completed ones after, bounded by count and by the bytes of their outputs
+    (the oldest go first; at least the newest one stays).
+    """
+
+    def __init__(self, max_works: int = 1024, max_bytes: int = 64 << 20) -> None:
+        self.max_works = max_works
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._pending: set = set()
+        self._done: "collections.deque" = collections.deque()
+        self._bytes = 0
+
+    def pending(self, work: "LinkEscapeWork") -> None:
+        with self._lock:
+            self._pending.add(work)
+
+    def completed(self, work: "LinkEscapeWork") -> None:
+        size = sum(t.numel() * t.element_size() for t in work._outputs if isinstance(t, torch.Tensor))
+        with self._lock:
+            self._pending.discard(work)
+            self._done.append((work, size))
+            self._bytes += size
+            while len(self._done) > 1 and (len(self._done) > self.max_works or self._bytes > self.max_bytes):
+                _old, old_size = self._done.popleft()
+                self._bytes -= old_size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            self._done.clear()
+            self._bytes = 0
+
+
+_keepalive = _KeepAlive()
+
+
 class LinkEscapeWork(dist.Work):
     """Handle of one torch.distributed operation over linkescape."""
 
@@ -224,6 +269,7 @@ class LinkEscapeWork(dist.Work):
         self._final_started = False
         self._listeners: List[Callable] = []
         self.started = time.monotonic()
+        _keepalive.pending(self)
         if not self._parts:
             self._finalize()
         else:
@@ -282,6 +328,7 @@ class LinkEscapeWork(dist.Work):
             log.exception("a callback on the future of %s failed", self._name)
         self._done.set()
         self._keep = None
+        _keepalive.completed(self)
 
     def _listen(self, fn) -> None:
         with self._final_lock:
