@@ -3,7 +3,7 @@ reference, the trip, and the hold-down that keeps a lossy rail from flapping."""
 
 from __future__ import annotations
 
-from linkescape.protocol.grey import GreyDetector, Hold, RailRate, TcpSample
+from linkescape.protocol.grey import GreyDetector, Hold, RailRate, TcpSample, Window
 
 MB = 1_000_000
 
@@ -29,10 +29,18 @@ class Link:
         return TcpSample(self.t, self.acked, self.busy, self.rwnd, self.sent, self.retrans, self.segs)
 
 
-def _run(det, link, seconds, **kw):
+def _run(det, link, seconds, rail_rate=None, **kw):
+    """Sample every 100 ms; ``rail_rate``: the rail's total goodput in the
+    window (None: this link is the rail's only busy one)."""
     tripped = []
     for _ in range(int(seconds / 0.1)):
-        if det.sample(link.step(0.1, **kw)):
+        s = link.step(0.1, **kw)
+        w = det.measure(s)
+        if w is None:
+            continue
+        if rail_rate is not None:
+            det.rail.observe(Window(w.dt, w.busy, int(rail_rate * w.busy), w.sent, w.retrans))
+        if det.judge(w, s.now):
             tripped.append(link.t)
     return tripped
 
@@ -43,7 +51,38 @@ def test_a_lossy_link_trips_after_one_second_below_half():
     assert _run(det, link, 3, rate=110 * MB) == []
     assert rail.reference > 100 * MB
     tripped = _run(det, link, 3, rate=5 * MB, loss=0.2)
-    assert tripped and 0.9 <= tripped[0] - 3.0 <= 1.25
+    # the goodput of the last second as a whole fell below half: within about a second
+    assert tripped and 0.5 <= tripped[0] - 3.0 <= 1.25
+
+
+def test_a_lucky_window_does_not_hide_a_lossy_link():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    _run(det, link, 3, rate=110 * MB)
+    tripped = []
+    for i in range(40):  # mostly collapsed, one good 100 ms in four
+        good = i % 4 == 0
+        s = link.step(0.1, rate=(100 if good else 2) * MB, loss=0.2)  # the loss is there all along
+        w = det.measure(s)
+        if w is not None and det.judge(w, s.now):
+            tripped.append(link.t)
+    assert tripped and tripped[0] - 3.0 <= 1.3
+
+
+def test_bursty_traffic_still_trips_within_the_window():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    _run(det, link, 3, rate=110 * MB, busy=0.3)
+    tripped = _run(det, link, 4, rate=5 * MB, loss=0.2, busy=0.3)  # busy a third of the time
+    assert tripped and tripped[0] - 3.0 <= 1.3
+
+
+def test_a_link_that_only_shares_a_healthy_nic_is_not_grey():
+    rail = RailRate()
+    det, link = GreyDetector(rail), Link()
+    _run(det, link, 3, rate=110 * MB, rail_rate=110 * MB)
+    # a third of the NIC each, with drops at the shaper: the rail as a whole is fine
+    assert _run(det, link, 5, rate=37 * MB, loss=0.02, rail_rate=105 * MB) == []
 
 
 def test_slow_without_loss_is_contention_not_grey():
@@ -57,7 +96,7 @@ def test_idle_or_slow_reader_says_nothing():
     rail = RailRate()
     det, link = GreyDetector(rail), Link()
     _run(det, link, 3, rate=110 * MB)
-    assert _run(det, link, 5, rate=1 * MB, busy=0.1, loss=0.3) == []  # application-limited
+    assert _run(det, link, 5, rate=1 * MB, busy=0.1, loss=0.3) == []  # application-limited (10 % busy)
     assert _run(det, link, 5, rate=110 * MB, rwnd=0.9, loss=0.3) == []  # the peer's window is closed
 
 

@@ -21,7 +21,9 @@ from ..config import Config
 from ..errors import CommClosed
 from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, PathPolicy
-from ..protocol.grey import RailRate
+from ..protocol.grey import RailRate, Window
+from ..protocol.linkstate import State
+from ..transport.tcp import tcp_sample
 from ..protocol.railstate import RailWord
 from .completion import OpTable
 from .driver import Driver
@@ -32,6 +34,9 @@ from .messages import ANY_SOURCE, Op
 from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
+
+#: seconds between two goodput samples of the links (grey failure)
+GREY_INTERVAL = 0.1
 
 
 class Engine:
@@ -65,6 +70,7 @@ class Engine:
         #: healthy goodput per rail (grey-failure reference), shared by its links
         self.rail_rates = [RailRate() for _ in range(nrails)]
         self.next_timer = 0.0
+        self._next_grey = 0.0
         self._last_timers = time.monotonic()
         #: called when a down link should be re-dialed now (set by Recovery)
         self.on_redial: Optional[Callable[[], None]] = None
@@ -288,8 +294,38 @@ class Engine:
                 peer.failback(now)
             if peer.recv.ack_owed:
                 peer.tx.send_ack()
+        if now >= self._next_grey:
+            self._next_grey = now + GREY_INTERVAL
+            self._grey(now)
         for tick in self.tickers:
             tick(now)
+
+    def _grey(self, now: float) -> None:
+        """Grey failure, per rail: every busy link's goodput window, judged
+        against its rail's reference and its rail's total (so a link that
+        only shares a healthy NIC is not grey); held links' cleanliness."""
+        windows: Dict[int, list] = {}
+        judged = []
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is None or link.status.state is not State.UP or link.grey is None:
+                    continue
+                try:
+                    sample = tcp_sample(link.sock, now)
+                except OSError:
+                    continue
+                w = link.grey.measure(sample)
+                if peer.avoid >> link.rail & 1:
+                    peer.hold_sample(link, now, sample.retrans_segs)
+                elif w is not None:
+                    windows.setdefault(link.rail, []).append(w)
+                    judged.append((peer, link, w))
+        for rail, ws in windows.items():
+            self.rail_rates[rail].observe(Window.total(ws))
+        for peer, link, w in judged:
+            if (peer.links[link.rail] is link and link.grey.judge(w, now)
+                    and peer.other_clean_rail(link.rail)):
+                peer.degraded(link)
 
     # ------------------------------------------------------------ closing
     def close(self, graceful: bool = True, drain: float = 10.0) -> None:

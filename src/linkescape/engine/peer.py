@@ -20,7 +20,7 @@ from ..protocol.frames import Header, Kind
 from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, State
 from ..protocol.railstate import PeerRails
-from ..transport.tcp import ack_silence, tcp_info_summary, tcp_sample
+from ..transport.tcp import ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .receiver import Receiver, Unexpected
@@ -36,8 +36,6 @@ CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKE
 
 __all__ = ["PeerChannel", "Unexpected", "CAUSE"]
 
-#: seconds between two goodput samples of a link
-GREY_INTERVAL = 0.1
 #: a peer whose links carry nonsense this many times within the window fails the communicator
 PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
@@ -79,7 +77,6 @@ class PeerChannel:
         self.avoid = 0
         self.peer_avoid = 0
         self.holds: List[Hold] = [Hold(base=host.config.failback_holddown) for _ in range(nrails)]
-        self._next_grey = 0.0
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
         #: bytes moved by this peer's links that are closed now, per rail
@@ -346,37 +343,23 @@ class PeerChannel:
                 continue
             if now - link.last_sent >= hb and not link.out:
                 self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
-        if now >= self._next_grey:
-            self._next_grey = now + GREY_INTERVAL
-            self._grey(now)
 
-    def _grey(self, now: float) -> None:
-        """Goodput of the links that carry traffic, cleanliness of the held ones."""
-        for link in self.links:
-            if link is None or link.status.state is not State.UP or link.grey is None:
-                continue
-            try:
-                sample = tcp_sample(link.sock, now)
-            except OSError:
-                continue
-            rail = link.rail
-            bit = 1 << rail
-            hold = self.holds[rail]
-            if self.avoid & bit:
-                if hold.sample(now, sample.retrans_segs):
-                    self.avoid &= ~bit
-                    log.info("rank %d rail %d: clean again after %.1fs", self.rank, rail, hold.length)
-                    self.failback(now)
-                continue
-            if not link.grey.sample(sample) or not self._other_clean_rail(rail):
-                continue
-            rate = link.grey.last_rate or 0.0
-            ref = link.grey.rail.reference
-            self.link_down(link, Ev.DEGRADED, detail=f"goodput {rate * 8 / 1e6:.1f} Mbit/s against a healthy "
-                                                     f"{ref * 8 / 1e6:.1f} Mbit/s for {link.grey.window:g}s")
-            return  # one link at a time
+    def hold_sample(self, link: Link, now: float, retrans_segs: int) -> None:
+        """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
+        hold = self.holds[link.rail]
+        if hold.sample(now, retrans_segs):
+            self.avoid &= ~(1 << link.rail)
+            log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, hold.length)
+            self.failback(now)
 
-    def _other_clean_rail(self, rail: int) -> bool:
+    def degraded(self, link: Link) -> None:
+        """The grey-failure verdict (engine): take the link down, hold the rail."""
+        rate = link.grey.last_rate or 0.0
+        ref = link.grey.rail.reference
+        self.link_down(link, Ev.DEGRADED, detail=f"goodput {rate * 8 / 1e6:.1f} Mbit/s against a healthy "
+                                                 f"{ref * 8 / 1e6:.1f} Mbit/s for {link.grey.window:g}s")
+
+    def other_clean_rail(self, rail: int) -> bool:
         held = self.avoid | self.peer_avoid
         return any(l.rail != rail and not held >> l.rail & 1 for l in self.live_links())
 

@@ -8,9 +8,10 @@ Rules:
   window was closed (a slow reader, alive) does not count.
 - Each rail has a healthy reference: the goodput its links reached when
   busy, rising at once to a better sample and decaying slowly.
-- A link is *degraded* when, for ``window`` seconds of busy sampling, its
-  goodput stays below ``ratio`` times the reference while the kernel
-  retransmits (a share ``min_loss`` of what it sent): loss, not a busy CPU.
+- A link is *degraded* when, for ``window`` seconds, its goodput stays below
+  ``ratio`` times the reference while the kernel retransmits (a share
+  ``min_loss`` of what it sent: loss, not a busy CPU) and its rail as a whole
+  is below it too (sharing a healthy NIC with other links is not grey).
 - A link that failed silently or degraded is held out of service, once it is
   back, until it has been clean (no retransmission of what it carries:
   heartbeats) for a hold-down that doubles with every trip of the same link
@@ -21,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,25 +40,91 @@ class TcpSample:
     retrans_segs: int   # segments retransmitted (heartbeats too)
 
 
-class RailRate:
-    """The healthy goodput of one rail (bytes per busy second)."""
+class Window:
+    """What one link (or a whole rail) did between two samples."""
 
-    def __init__(self, decay_per_s: float = 0.02) -> None:
+    __slots__ = ("dt", "busy", "acked", "sent", "retrans")
+
+    def __init__(self, dt: float, busy: float, acked: int, sent: int, retrans: int) -> None:
+        self.dt = dt
+        self.busy = busy        # seconds with data outstanding, the peer's window open
+        self.acked = acked
+        self.sent = sent
+        self.retrans = retrans
+
+    @property
+    def rate(self) -> float:
+        return self.acked / self.busy if self.busy > 0 else 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.retrans / self.sent if self.sent > 0 else 0.0
+
+    @classmethod
+    def total(cls, windows) -> Optional["Window"]:
+        """A rail's window from its links' (busy: the longest of them)."""
+        ws = list(windows)
+        if not ws:
+            return None
+        return cls(max(w.dt for w in ws), max(w.busy for w in ws), sum(w.acked for w in ws),
+                   sum(w.sent for w in ws), sum(w.retrans for w in ws))
+
+
+class RailRate:
+    """The healthy goodput of one rail (bytes per busy second), and the
+    rail's recent windows (every link's together)."""
+
+    def __init__(self, decay_per_s: float = 0.02, keep: float = 2.0) -> None:
         self.reference = 0.0
-        self.good_time = 0.0
+        self.samples = 0
         self.decay_per_s = decay_per_s
+        self.keep = keep
+        self.recent: "collections.deque[Window]" = collections.deque()
 
     def update(self, rate: float, dt: float) -> None:
         if rate >= self.reference:
             self.reference = rate
         else:
             self.reference = max(rate, self.reference * (1.0 - self.decay_per_s * dt))
-        self.good_time += dt
+        self.samples += 1
+
+    def observe(self, total: Optional[Window]) -> None:
+        """The rail's window of this round (all its links together)."""
+        if total is not None:
+            _push(self.recent, total, self.keep)
+
+
+def _push(recent, w: Window, keep: float) -> None:
+    recent.append(w)
+    while len(recent) > 1 and sum(x.dt for x in recent) - recent[0].dt >= keep:
+        recent.popleft()
+
+
+def _span(recent, seconds: float) -> Optional[Window]:
+    """The newest windows covering ``seconds``, as one (None: not yet covered)."""
+    picked, span = [], 0.0
+    for w in reversed(recent):
+        picked.append(w)
+        span += w.dt
+        if span >= seconds - 1e-6:
+            return Window(span, sum(x.busy for x in picked), sum(x.acked for x in picked),
+                          sum(x.sent for x in picked), sum(x.retrans for x in picked))
+    return None
 
 
 class GreyDetector:
-    def __init__(self, rail: RailRate, *, window: float = 1.0, ratio: float = 0.5, min_busy: float = 0.5,
-                 min_loss: float = 0.01, warmup: float = 1.0) -> None:
+    """One link's verdict, from windows of its kernel counters.
+
+    Every 100 ms the last 0.3 s are judged: busy for at least ``min_busy`` of
+    the time (an idle or application-limited link says nothing), goodput
+    below ``ratio`` times the rail's reference while the kernel retransmitted
+    (``min_loss`` of what it sent), and the rail as a whole below that too (a
+    link that merely shares a healthy NIC with others is not grey). The link
+    is degraded once that verdict has stood for ``window`` seconds.
+    """
+
+    def __init__(self, rail: RailRate, *, window: float = 1.0, ratio: float = 0.5, min_busy: float = 0.2,
+                 min_loss: float = 0.01, warmup: int = 5) -> None:
         self.rail = rail
         self.window = window
         self.ratio = ratio
@@ -64,35 +132,59 @@ class GreyDetector:
         self.min_loss = min_loss
         self.warmup = warmup
         self.last: Optional[TcpSample] = None
-        #: seconds of consecutive bad busy sampling
-        self.bad = 0.0
+        self.recent: "collections.deque[Window]" = collections.deque()
         self.last_rate: Optional[float] = None
+        #: seconds each verdict looks back (a lucky 100 ms does not reset the streak)
+        self.smooth = 0.3
+        self.bad_since: Optional[float] = None
 
-    def sample(self, s: TcpSample) -> bool:
-        """Feed one sample; True when the link has just become degraded."""
+    def measure(self, s: TcpSample) -> Optional[Window]:
+        """The window since the last sample (None for the first one)."""
         last, self.last = self.last, s
-        if last is None:
-            return False
-        dt = s.now - last.now
-        if dt <= 0:
-            return False
-        busy = (s.busy_us - last.busy_us) - (s.rwnd_us - last.rwnd_us)
-        if busy < self.min_busy * dt * 1e6:
-            return False  # mostly idle, or the reader is slow: says nothing about the path
-        rate = (s.acked - last.acked) / (busy / 1e6)
-        self.last_rate = rate
-        sent = s.sent - last.sent
-        loss = (s.retrans - last.retrans) / sent if sent > 0 else 0.0
+        if last is None or s.now <= last.now:
+            return None
+        busy = ((s.busy_us - last.busy_us) - (s.rwnd_us - last.rwnd_us)) / 1e6
+        return Window(s.now - last.now, max(busy, 0.0), s.acked - last.acked, s.sent - last.sent,
+                      s.retrans - last.retrans)
+
+    def judge(self, w: Window, now: float, rail: Optional[Window] = None) -> bool:
+        """True when the link has just become degraded. ``rail``: unused
+        (the rail's own windows, fed by ``RailRate.observe``, are used)."""
+        _push(self.recent, w, 2 * self.window)
         ref = self.rail.reference
-        if self.rail.good_time < self.warmup or rate >= self.ratio * ref:
-            self.bad = 0.0
-            if rate >= 0.7 * ref or self.rail.good_time < self.warmup:
-                self.rail.update(rate, dt)
+        busy = w.busy >= self.min_busy * w.dt
+        if busy and (self.rail.samples < self.warmup or w.rate >= 0.7 * ref):
+            self.rail.update(w.rate, w.dt)  # a healthy window: the reference follows
+        if self.rail.samples < self.warmup:
             return False
-        if loss < self.min_loss:
-            return False  # slow without loss: contention or CPU, not a grey link
-        self.bad += dt
-        return self.bad >= self.window
+        mine = _span(self.recent, self.smooth)
+        if mine is None or mine.busy < self.min_busy * mine.dt:
+            return False  # says nothing: the verdict so far stands
+        self.last_rate = mine.rate
+        bad = mine.rate < self.ratio * ref and mine.loss >= self.min_loss
+        if bad:
+            whole = _span(self.rail.recent, self.smooth)
+            if whole is not None and whole.busy >= self.min_busy * whole.dt and whole.rate >= self.ratio * ref:
+                bad = False  # the NIC as a whole is fine: this link only shares it
+        if not bad:
+            self.bad_since = None
+            return False
+        if self.bad_since is None:
+            self.bad_since = now - mine.dt
+        if now - self.bad_since < self.window:
+            return False
+        self.recent.clear()
+        self.bad_since = None
+        return True
+
+    def sample(self, s: TcpSample, rail: Optional[Window] = None) -> bool:
+        """``measure`` and ``judge`` in one call (tests)."""
+        w = self.measure(s)
+        if w is None:
+            return False
+        if rail is not None:
+            self.rail.observe(rail)
+        return self.judge(w, s.now)
 
 
 class Hold:
@@ -140,4 +232,4 @@ class Hold:
             self.clean_since = now
 
 
-__all__ = ["TcpSample", "RailRate", "GreyDetector", "Hold"]
+__all__ = ["TcpSample", "Window", "RailRate", "GreyDetector", "Hold"]
