@@ -131,10 +131,30 @@ def test_hold_ends_only_after_a_clean_hold_down_that_doubles():
             released = t
             break
     assert released is not None and 2.9 <= released - 10.0 <= 3.3
-    hold.trip(30.0)
+    hold.trip(released + 2.0)  # failed again soon after it was back: flapping
     assert hold.length == 6.0 and hold.held
     for _ in range(8):
-        hold.trip(40.0)
+        hold.trip(released + 3.0)
     assert hold.length == 60.0
     hold.trip(400.0)  # long quiet: forgotten
     assert hold.length == 3.0
+
+
+def test_a_rail_that_served_cleanly_after_its_hold_starts_again_from_the_base():
+    """Repeated faults of a rail that each time came back and carried traffic
+    (a blackhole repaired every few seconds) are new faults, not a flapping
+    rail: their hold-downs do not grow; one that fails soon after it is back does."""
+    hold = Hold(base=1.0, cap=60.0, forget=300.0, settle=5.0)
+    t = 0.0
+    for _ in range(10):
+        hold.trip(t)
+        assert hold.length == 1.0
+        assert hold.sample(t + 0.5, 0) is False  # not clean for a hold-down yet
+        t += 1.05
+        assert hold.sample(t, 0) is True  # clean for the hold-down: back in service
+        t += 6.0  # served cleanly past the settle time
+    hold.trip(t)
+    t += 1.05
+    assert hold.sample(t, 0)
+    hold.trip(t + 1.0)  # failed again 1 s after it was back
+    assert hold.length == 2.0

@@ -11,10 +11,14 @@ import errno
 import socket
 from typing import Deque, Optional
 
-from ..protocol.frames import DEFAULT_MAX_PAYLOAD, HEADER_SIZE, Header, pack_header, unpack_header
+from ..protocol.frames import DEFAULT_MAX_PAYLOAD, HEADER_SIZE, Header, Kind, pack_header, unpack_header
 from ..protocol.linkstate import LinkStatus
 
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
+
+#: control frames that overtake queued data frames (see ``Link.queue_control``)
+URGENT = frozenset((Kind.ACK, Kind.HEARTBEAT, Kind.NOTIFY_DOWN, Kind.NOTIFY_UP, Kind.NOTIFY_SILENT,
+                    Kind.PEER_LOST))
 
 
 class WireItem:
@@ -72,7 +76,25 @@ class Link:
         self.out_bytes += item.total
 
     def queue_control(self, kind: int, ack: int, arg: int = 0, rails: int = 0) -> None:
-        self.queue(WireItem(pack_header(kind, 0, ack, arg=arg, rails=rails)))
+        """A control frame. Acknowledgements, notifications and heartbeats go
+        ahead of the data frames queued here (behind the frame being written
+        and the control frames already ahead), so that they never wait for
+        megabytes of replay or bulk data: the peer switches rails, releases
+        memory and keeps its window open a round trip later. They carry level
+        state (cumulative acks, rails words with a generation), which the
+        receiver takes newest-first, so overtaking data is safe. ``BYE`` keeps
+        its place: it must follow every data frame."""
+        item = WireItem(pack_header(kind, 0, ack, arg=arg, rails=rails))
+        out = self.out
+        if kind in URGENT and out:
+            i = 1 if out[0].pos else 0
+            n = len(out)
+            while i < n and out[i].frame is None:
+                i += 1
+            out.insert(i, item)
+            self.out_bytes += item.total
+        else:
+            self.queue(item)
 
     def flush(self) -> bool:
         """Write as much as the socket takes; True when the queue emptied.

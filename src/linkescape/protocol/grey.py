@@ -190,12 +190,17 @@ class GreyDetector:
 class Hold:
     """A degraded link's time out of service."""
 
-    def __init__(self, base: float = 1.0, cap: float = 60.0, forget: float = 300.0) -> None:
+    def __init__(self, base: float = 1.0, cap: float = 60.0, forget: float = 300.0, settle: float = 5.0) -> None:
         self.base = base
         self.cap = cap
         self.forget = forget
+        #: back in service this long (and at least one hold-down) without a
+        #: trip: the next trip starts again from ``base`` (it was a new fault,
+        #: not the same rail flapping)
+        self.settle = settle
         self.trips = 0
         self.last_trip: Optional[float] = None
+        self.released_at: Optional[float] = None
         self.clean_since: Optional[float] = None
         self.held = False
         self._retrans: Optional[int] = None
@@ -207,6 +212,9 @@ class Hold:
     def trip(self, now: float) -> None:
         if self.last_trip is not None and now - self.last_trip > self.forget:
             self.trips = 0
+        elif self.released_at is not None and now - self.released_at >= max(self.settle, self.length):
+            self.trips = 0
+        self.released_at = None
         self.last_trip = now
         self.trips += 1
         self.held = True
@@ -222,6 +230,7 @@ class Hold:
         self._retrans = retrans_segs
         if self.clean_since is not None and now - self.clean_since >= self.length:
             self.held = False
+            self.released_at = now
             return True
         return False
 
