@@ -55,6 +55,19 @@ def test_bad_options_are_usage_errors(tmp_path):
     assert res.exit_code == 2 and "3 hosts" in res.output
 
 
+def test_hold_sets_how_long_single_faults_last(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(chaos, ["--schedule-only", "--duration", "2m", "--seed", "3", "--hold", "300ms:1.2s",
+                                "--kinds", "cut,blackhole,lossy", "--json", str(tmp_path / "h.json")])
+    assert res.exit_code == 0, res.output
+    sched = json.loads((tmp_path / "h.json").read_text())
+    holds = [f["hold"] for f in sched["faults"]]
+    assert holds and all(0.3 <= h <= 1.2 for h in holds)
+    assert sched["params"]["hold"] == [0.3, 1.2]
+    for bad in ("3s", "2s:1s", "0:1s"):
+        assert runner.invoke(chaos, ["--schedule-only", "--hold", bad]).exit_code == 2
+
+
 def test_chaos_needs_root(monkeypatch):
     import os
 

@@ -50,6 +50,17 @@ def _kinds(text: str):
     return kinds
 
 
+def _hold(text: str):
+    """``MIN:MAX`` durations -> (min, max) seconds."""
+    a, sep, b = text.partition(":")
+    if not sep:
+        raise ValueError(f"--hold wants MIN:MAX (e.g. 0.5s:4s), not {text!r}")
+    lo, hi = parse_duration(a), parse_duration(b)
+    if not 0 < lo <= hi:
+        raise ValueError(f"--hold: need 0 < MIN <= MAX, got {text!r}")
+    return (lo, hi)
+
+
 @click.command("chaos")
 @click.option("--hosts", type=click.IntRange(2, 15), default=4, show_default=True, help="Testbed hosts (one rank each).")
 @click.option("--rails", type=click.IntRange(1, 16), default=2, show_default=True, help="Rails (NICs) per host.")
@@ -66,6 +77,8 @@ def _kinds(text: str):
               help="isolate and cross last less than this.")
 @click.option("--max-active", type=click.IntRange(min=1), default=3, show_default=True,
               help="At most this many faults at once.")
+@click.option("--hold", "hold_text", default="0.5s:4s", show_default=True, metavar="MIN:MAX",
+              help="How long a cut, blackhole or lossy fault lasts (uniform between the two).")
 @click.option("--schedule", "schedule_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Replay this schedule (a schedule.json of an earlier run, or a scripted one).")
 @click.option("--window", default=None, metavar="FROM:TO",
@@ -80,7 +93,7 @@ def _kinds(text: str):
 @click.option("--reanalyze", type=click.Path(exists=True, file_okay=False), default=None, metavar="RUN_DIR",
               help="Report again on an earlier run's directory (no testbed, no root).")
 def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int], json_path: Optional[str],
-          out: Optional[str], kinds: str, interval: float, isolate_bound: float, max_active: int,
+          out: Optional[str], kinds: str, interval: float, isolate_bound: float, max_active: int, hold_text: str,
           schedule_path: Optional[str], window: Optional[str], schedule_only: bool, max_bytes: str, hang_s: float,
           op_timeout: float, live: Optional[bool], reanalyze: Optional[str]) -> None:
     """Soak the escape on a testbed: random overlapping faults under every operation, checked exactly.
@@ -108,7 +121,7 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
         opts = ChaosOptions(hosts=hosts, rails=rails, rate=None if rate.lower() == "none" else rate,
                             duration=duration, seed=seed, json_path=json_path, out=out, kinds=_kinds(kinds),
                             interval=interval, isolate_bound=isolate_bound, max_active=max_active,
-                            max_bytes=parse_size(max_bytes), op_timeout=op_timeout, hang_s=hang_s, live=live,
+                            hold=_hold(hold_text), max_bytes=parse_size(max_bytes), op_timeout=op_timeout, hang_s=hang_s, live=live,
                             command=" ".join(["linkescape", "chaos", *sys.argv[2:]]) if len(sys.argv) > 1 else None)
         if schedule_path:
             opts.schedule = Schedule.load(schedule_path)

@@ -40,6 +40,7 @@ class ChaosOptions:
     interval: float = 1.0  #: mean seconds between fault starts
     isolate_bound: float = ISOLATE_BOUND
     max_active: int = 3
+    hold: Tuple[float, float] = (0.5, 4.0)  #: a fault (not isolate/cross/flap) lasts between these, s
     schedule: Optional[Schedule] = None  #: replay this plan instead of drawing one
     max_bytes: int = workload.MAX_BYTES
     op_timeout: float = 60.0  #: LINKESCAPE_TIMEOUT of the ranks: a stuck operation becomes CommTimeout
@@ -60,7 +61,8 @@ def plan(opts: ChaosOptions) -> Schedule:
                                 f"not {opts.hosts} x {opts.rails}")
         return s
     return random_schedule(opts.seed, opts.duration, opts.hosts, opts.rails, kinds=opts.kinds,
-                           interval=opts.interval, isolate_bound=opts.isolate_bound, max_active=opts.max_active)
+                           interval=opts.interval, isolate_bound=opts.isolate_bound, max_active=opts.max_active,
+                           hold=opts.hold)
 
 
 def run_dir(opts: ChaosOptions) -> str:
