@@ -112,4 +112,15 @@ def failures(results: Sequence[RankResult], expect_rc: Optional[Dict[int, int]] 
     return "\n".join(bad)
 
 
-__all__ = ["launch", "torchrun", "failures", "free_port", "RankResult", "BAD_EXIT_MARKERS"]
+def launch_ok(argv: Sequence[str], nprocs: int, *, ok: str = "ok", **kwargs) -> List[RankResult]:
+    """``launch``, then assert that every rank exited cleanly and printed
+    ``rank R: <ok>`` (the convention of the test scripts)."""
+    res = launch(argv, nprocs, **kwargs)
+    bad = failures(res)
+    assert not bad, bad
+    for r in res:
+        assert f"rank {r.rank}: {ok}" in r.stdout, r.describe()
+    return res
+
+
+__all__ = ["launch", "launch_ok", "torchrun", "failures", "free_port", "RankResult", "BAD_EXIT_MARKERS"]
