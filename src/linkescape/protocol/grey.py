@@ -14,10 +14,11 @@ Rules:
   is below it too (sharing a healthy NIC with other links is not grey).
 - A link that failed silently or degraded is held out of service, once it is
   back, until it has been clean (no retransmission of what it carries:
-  heartbeats) for a hold-down that doubles with every trip of the same link
-  (capped; forgotten after ``forget`` quiet seconds), so a lossy rail never
-  flaps. A rail that was simply blackholed and repaired is clean at once:
-  its hold is the ordinary fail-back hold-down.
+  heartbeats) for a hold-down that doubles with every trip that comes soon
+  (``settle``) after the rail was back in service (capped; forgotten after
+  ``forget`` quiet seconds), so a lossy rail never flaps. A rail that was
+  simply blackholed and repaired is clean at once: its hold is the ordinary
+  fail-back hold-down, however often that happens.
 """
 
 from __future__ import annotations
@@ -147,9 +148,10 @@ class GreyDetector:
         return Window(s.now - last.now, max(busy, 0.0), s.acked - last.acked, s.sent - last.sent,
                       s.retrans - last.retrans)
 
-    def judge(self, w: Window, now: float, rail: Optional[Window] = None) -> bool:
-        """True when the link has just become degraded. ``rail``: unused
-        (the rail's own windows, fed by ``RailRate.observe``, are used)."""
+    def judge(self, w: Window, now: float) -> bool:
+        """True when the link has just become degraded (the rail's own
+        windows, fed by ``RailRate.observe``, excuse a link that only shares
+        a healthy NIC)."""
         _push(self.recent, w, 2 * self.window)
         ref = self.rail.reference
         busy = w.busy >= self.min_busy * w.dt
