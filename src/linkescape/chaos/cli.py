@@ -121,7 +121,8 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
         opts = ChaosOptions(hosts=hosts, rails=rails, rate=None if rate.lower() == "none" else rate,
                             duration=duration, seed=seed, json_path=json_path, out=out, kinds=_kinds(kinds),
                             interval=interval, isolate_bound=isolate_bound, max_active=max_active,
-                            hold=_hold(hold_text), max_bytes=parse_size(max_bytes), op_timeout=op_timeout, hang_s=hang_s, live=live,
+                            hold=_hold(hold_text), max_bytes=parse_size(max_bytes), op_timeout=op_timeout,
+                            hang_s=hang_s, live=live,
                             command=" ".join(["linkescape", "chaos", *sys.argv[2:]]) if len(sys.argv) > 1 else None)
         if schedule_path:
             opts.schedule = Schedule.load(schedule_path)
