@@ -54,6 +54,16 @@ def _result(settings: Dict[str, Any], t_start: float) -> Dict[str, Any]:
             "series": {}, "overhead": None, "mptcp": None, "rates": None}
 
 
+def _finish(result: Dict[str, Any], t_start: float, json_path: Optional[str]) -> Dict[str, Any]:
+    """A run's duration and verdict; written to ``json_path`` too."""
+    result["duration_s"] = time.time() - t_start
+    result["verdict"] = verdict(result)
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+    return result
+
+
 def run_failover_bench(faults: Sequence[str] = DEFAULT_FAULTS, count: int = 20, hosts: int = 4, rails: int = 2,
                        rate: str = "1gbit", size: int = 16 << 20, json_path: Optional[str] = None,
                        log: Optional[Log] = None, **options: Any) -> dict:
@@ -88,12 +98,7 @@ def run_failover_bench(faults: Sequence[str] = DEFAULT_FAULTS, count: int = 20, 
             result["overhead"] = run_overhead(tb, st, log, env=env)
     if st.mptcp:
         result["mptcp"] = run_mptcp_comparison(st, log)
-    result["duration_s"] = time.time() - t_start
-    result["verdict"] = verdict(result)
-    if json_path:
-        with open(json_path, "w") as fh:
-            json.dump(result, fh, indent=1, default=str)
-    return result
+    return _finish(result, t_start, json_path)
 
 
 def library_defaults(env: Dict[str, str]) -> Dict[str, Any]:
@@ -129,12 +134,7 @@ def run_rate_bench(faults: Sequence[str] = FAULT_KINDS, hosts: int = 4, rails: i
     result = _result({"mode": "rate-phases", **ps.__dict__}, t_start)
     result["config"] = library_defaults({**ps.env, **cc_env(ps.congestion)})
     result["rates"] = run_rate_phases(ps, log)
-    result["duration_s"] = time.time() - t_start
-    result["verdict"] = verdict(result)
-    if json_path:
-        with open(json_path, "w") as fh:
-            json.dump(result, fh, indent=1, default=str)
-    return result
+    return _finish(result, t_start, json_path)
 
 
 __all__ = ["run_failover_bench", "run_rate_bench", "library_defaults"]
