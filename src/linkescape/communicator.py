@@ -23,6 +23,7 @@ from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
 from .protocol.linkstate import Ev
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails
+from .transport.tcp import ensure_fd_budget
 
 log = logging.getLogger("linkescape")
 
@@ -139,6 +140,7 @@ class Communicator:
 
     def _connect(self, store) -> None:
         deadline = time.monotonic() + min(self.config.connect_timeout, self.config.timeout)
+        ensure_fd_budget((self.world_size - 1) * len(self.rail_addrs))
         setup = LinkSetup(self.rank, self.world_size, self.rail_addrs, self.config)
         self._setup = setup
         try:
@@ -508,6 +510,12 @@ class Communicator:
         finally:
             eng.lock.release()
         snap["rail_names"] = list(self.rails)
+        # wake-ups of each of this rank's threads, and its store calls (idle cost)
+        beacon = getattr(self, "_beacon", None)
+        snap["wakeups"] = {"engine": snap["wakeups"],
+                           "recovery": self._recovery.wakeups if self._recovery is not None else 0,
+                           "beacon": beacon.wakeups if beacon is not None else 0}
+        snap["store_calls"] = beacon.calls if beacon is not None else 0
         # connections closed for failing the handshake or the key proof
         snap["rejected_connections"] = self._setup.rejected if self._setup is not None else 0
         return snap

@@ -66,6 +66,16 @@ def _count(value: str, name: str) -> int:
     return out
 
 
+def _rate(value: str, name: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number per second") from None
+    if not out > 0:
+        raise ConfigError(f"{name}={value!r} must be positive")
+    return out
+
+
 #: the largest DATA payload a frame header may announce unless configured
 #: otherwise (frames carry at most ``chunk_bytes``)
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
@@ -101,6 +111,7 @@ _ENV = {
     "LINKESCAPE_DIRECT_BYTES": ("direct_bytes", _size),
     "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
     "LINKESCAPE_HEARTBEAT_MS": ("heartbeat_interval", _millis),
+    "LINKESCAPE_PROBE_RATE": ("probe_rate", lambda v, n: _rate(v, n)),
     "LINKESCAPE_SILENT_TIMEOUT_MS": ("silent_timeout", _millis),
     "LINKESCAPE_FAILBACK_HOLDDOWN_MS": ("failback_holddown", _millis),
     "LINKESCAPE_RECONNECT_MAX_MS": ("reconnect_max", _millis),
@@ -141,7 +152,11 @@ class Config:
     #: larger ones are sent zero-copy from the caller's memory
     copy_bytes: int = 64 << 10
     policy: str = "active-backup"
+    #: links with an operation's traffic pending carry a heartbeat this often
     heartbeat_interval: float = 0.05
+    #: idle and backup links probed per second per rank (whatever the number
+    #: of peers; no link more than once a second)
+    probe_rate: float = 10.0
     #: a link with nothing heard for this long while something is owed is dead
     silent_timeout: float = 0.2
     failback_holddown: float = 1.0
@@ -188,6 +203,8 @@ class Config:
             raise ConfigError(f"trace_buffer={self.trace_buffer} must be 0 (off) or more")
         if self.chunk_bytes < 64 or self.chunk_bytes % 64:
             raise ConfigError(f"chunk_bytes={self.chunk_bytes} must be a positive multiple of 64")
+        if not self.probe_rate > 0:
+            raise ConfigError(f"probe_rate={self.probe_rate} must be positive")
         for name in ("timeout", "connect_timeout", "heartbeat_interval", "silent_timeout",
                      "failback_holddown", "reconnect_max", "no_path_timeout", "peer_lost_timeout"):
             if getattr(self, name) <= 0:

@@ -7,6 +7,12 @@
   background thread) in the ``Driver``.
 - Every socket is non-blocking and every state change happens under
   ``self.lock``.
+- Nothing here runs per peer or per link on a clock: the timers look only
+  at the *hot* peers (an operation pending with them, bytes of ours waiting
+  for their kernel's ack, a fault being handled, a rail in hold-down), and
+  wake the loop only while one is hot or when the probe budget is due.
+  Idle and backup links are checked a fixed number a second per rank
+  (``ProbeBudget``), whatever the number of peers.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ from .link import Link
 from .liveness import Liveness
 from .messages import ANY_SOURCE, Op
 from .peer import PeerChannel
+from .probes import ProbeBudget
 
 log = logging.getLogger("linkescape.engine")
 
 #: seconds between two goodput samples of the links (grey failure)
 GREY_INTERVAL = 0.1
+#: timer cadence while some peer is hot (silence checks, heartbeats, parked links, acks)
+TICK = 0.01
 
 
 class Engine:
@@ -69,13 +78,16 @@ class Engine:
         self.rails = RailWord()
         #: healthy goodput per rail (grey-failure reference), shared by its links
         self.rail_rates = [RailRate() for _ in range(nrails)]
+        #: peers the timers look at (see ``PeerChannel.quiet``); every other peer costs nothing
+        self.hot: set = set()
+        #: links that are down, as (peer, rail): what Recovery re-dials, without a scan of all peers
+        self.down: set = set()
+        #: idle and backup links are checked this many a second per rank, whatever N
+        self.probes = ProbeBudget(sorted(self.peers), nrails, config.probe_rate)
         self.next_timer = 0.0
         self._next_grey = 0.0
-        self._last_timers = time.monotonic()
         #: called when a down link should be re-dialed now (set by Recovery)
         self.on_redial: Optional[Callable[[], None]] = None
-        #: hooks for the failover layer (reconnects, carrier) run on every timer tick
-        self.tickers: List[Callable[[float], None]] = []
 
     # ------------------------------------------------------------ driving (see Driver)
     def _acquire(self) -> None:
@@ -121,9 +133,16 @@ class Engine:
         self.peers[link.peer].link_down(link, ev, detail=detail, close=close)
 
     def notify_peers(self, kind: int, rail: int) -> None:
-        """Tell every peer, over any surviving link, about our NIC on ``rail``."""
+        """Tell the peers that have a link on ``rail`` (or had one: NOTIFY_UP),
+        over any surviving link, about our NIC on ``rail``."""
+        down = kind == Kind.NOTIFY_DOWN
         for peer in self.peers.values():
-            peer.notify(kind, rail)
+            if (peer.links[rail] is not None) if down else (peer.status[rail].state is State.DOWN):
+                peer.notify(kind, rail)
+
+    def touch(self, peer: PeerChannel) -> None:
+        """``peer`` needs the timers (traffic, a state change)."""
+        self.hot.add(peer)
 
     def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         self.liveness.probe_failed(self.peers[peer_rank], rail, refused)
@@ -163,8 +182,15 @@ class Engine:
     def snapshot(self) -> dict:
         """A copy of this rank's link and channel state (metrics, status, flight recorder)."""
         now = time.monotonic()
+        frames_sent = frames_received = 0
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is not None:
+                    frames_sent += link.frames_sent
+                    frames_received += link.frames_received
         return {"rank": self.rank, "world_size": self.world_size, "rails": self.nrails,
-                "ops_pending": len(self.ops),
+                "ops_pending": len(self.ops), "hot_peers": len(self.hot),
+                "wakeups": self.io.wakeups, "frames_sent": frames_sent, "frames_received": frames_received,
                 "peers": {rank: peer.snapshot(now) for rank, peer in self.peers.items()}}
 
     # ------------------------------------------------------------ services for peers
@@ -189,7 +215,7 @@ class Engine:
         from ..protocol.channel import address_range
 
         lo = None
-        for peer in self.peers.values():
+        for peer in self.hot:  # a peer with zero-copy frames unacknowledged is hot
             if peer.send.zc:
                 if lo is None:
                     if not len(view):
@@ -232,7 +258,9 @@ class Engine:
         self.ops.add(op)
         if op.collective:
             self.coll_started = op.seq
+        hot = self.hot
         for p in op.peers:
+            hot.add(peers[p])
             peers[p].resume_parked()
         for p in op.peers:
             peers[p].tx.pump()
@@ -246,7 +274,7 @@ class Engine:
         self.any_recvs.setdefault(m.msg, collections.deque()).append(m)
 
     def async_work(self) -> bool:
-        return bool(self.ops) or any(p.tx.busy for p in self.peers.values())
+        return bool(self.ops) or any(p.tx.busy for p in self.hot)
 
     # ------------------------------------------------------------ one round
     def progress_once(self, timeout: float) -> None:
@@ -256,6 +284,7 @@ class Engine:
         if self.driver.pending_soon:
             self.driver.run_soon()
         links = io.links
+        hot = self.hot
         for fd, ev in events:
             link = links.get(fd)
             if link is None:
@@ -264,29 +293,33 @@ class Engine:
                 elif fd in io.extra:
                     io.extra[fd](ev)
                 continue
-            self.peers[link.peer].on_event(link, ev)
+            peer = self.peers[link.peer]
+            hot.add(peer)
+            peer.on_event(link, ev)
         now = time.monotonic()
-        for peer in self.peers.values():
-            tx = peer.tx
-            if tx.queue or tx.replay:
-                tx.pump()
-            if tx.ack_urgent and peer.recv.ack_owed:
-                tx.send_ack()
+        if hot:
+            for peer in list(hot):
+                tx = peer.tx
+                if tx.queue or tx.replay:
+                    tx.pump()
+                if tx.ack_urgent and peer.recv.ack_owed:
+                    tx.send_ack()
         if self.ops:
             self.ops.check_all(now)
         if now >= self.next_timer:
-            self.next_timer = now + min(0.01, self.config.heartbeat_interval / 2)
             self._timers(now)
+        elif hot and self.next_timer - now > TICK:
+            self.next_timer = now + TICK
 
     def _timers(self, now: float) -> None:
-        # If this rank was not running (descheduled, stopped, a long GIL hold)
-        # for longer than the silent timeout, nothing was observed meanwhile:
-        # start watching afresh. (Shorter gaps are the normal life of a rank
-        # on a loaded host; treating them as blindness would mean never
-        # finding a silent link there.)
-        blind = now - self._last_timers > self.config.silent_timeout
-        self._last_timers = now
-        for peer in self.peers.values():
+        # If this rank ran later than its timers were due by more than the
+        # silent timeout (descheduled, stopped, a long GIL hold), nothing was
+        # observed meanwhile: start watching afresh. (Shorter gaps are the
+        # normal life of a rank on a loaded host; treating them as blindness
+        # would mean never finding a silent link there.)
+        blind = now - self.next_timer > self.config.silent_timeout
+        hot = self.hot
+        for peer in list(hot):
             peer.tick(now, blind)
             if peer.no_path_since is not None:
                 self.liveness.check(peer, now)
@@ -294,11 +327,17 @@ class Engine:
                 peer.failback(now)
             if peer.recv.ack_owed:
                 peer.tx.send_ack()
-        if now >= self._next_grey:
+        if hot and now >= self._next_grey:
             self._next_grey = now + GREY_INTERVAL
             self._grey(now)
-        for tick in self.tickers:
-            tick(now)
+        due = self.probes.due(now)
+        if due is not None:
+            peer = self.peers[due[0]]
+            if peer not in hot and peer.probe(due[1], now):
+                hot.add(peer)
+        for peer in [p for p in hot if p.quiet(now)]:
+            hot.discard(peer)
+        self.next_timer = now + TICK if hot else self.probes.next_at
 
     def _grey(self, now: float) -> None:
         """Grey failure, per rail: every busy link's goodput window, judged
@@ -306,7 +345,7 @@ class Engine:
         only shares a healthy NIC is not grey); held links' cleanliness."""
         windows: Dict[int, list] = {}
         judged = []
-        for peer in self.peers.values():
+        for peer in self.hot:  # a link that carried bytes belongs to a hot peer
             for link in peer.links:
                 if link is None or link.status.state is not State.UP or link.grey is None:
                     continue

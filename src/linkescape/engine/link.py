@@ -42,7 +42,7 @@ class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
                  "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
                  "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "grey",
-                 "parked_at")
+                 "parked_at", "frames_sent", "frames_received")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
         self.sock = sock
@@ -67,6 +67,9 @@ class Link:
         self.last_sent = now
         self.bytes_sent = 0
         self.bytes_received = 0
+        #: frames queued on this link and frames whose header was read (the idle-cost tests count them)
+        self.frames_sent = 0
+        self.frames_received = 0
         self.binding = None  # what the current payload is for (set by the engine)
         self.grey = None  # its goodput watch (set by the engine)
 
@@ -74,6 +77,7 @@ class Link:
     def queue(self, item: WireItem) -> None:
         self.out.append(item)
         self.out_bytes += item.total
+        self.frames_sent += 1
 
     def queue_control(self, kind: int, ack: int, arg: int = 0, rails: int = 0) -> None:
         """A control frame. Acknowledgements, notifications and heartbeats go
@@ -93,6 +97,7 @@ class Link:
                 i += 1
             out.insert(i, item)
             self.out_bytes += item.total
+            self.frames_sent += 1
         else:
             self.queue(item)
 
@@ -149,6 +154,7 @@ class Link:
         if got < HEADER_SIZE:
             return None
         self.hdr_got = 0
+        self.frames_received += 1
         return unpack_header(self.hdr_buf, max_payload)
 
     def read_payload(self) -> bool:

@@ -104,6 +104,8 @@ class PeerChannel:
             self.drop(old)
         self.links[link.rail] = link
         self.host.io.add_link(link)
+        self.host.down.discard((self.rank, link.rail))
+        self.host.touch(self)
         self._watch(link, now)
         self.reroute(now)
 
@@ -118,6 +120,8 @@ class PeerChannel:
         link.status.apply(Ev.CONNECTED, now)
         self.links[link.rail] = link
         self.host.io.add_link(link)
+        self.host.down.discard((self.rank, link.rail))
+        self.host.touch(self)  # hot through the hold-down, then failback
         self._watch(link, now)
         self.eof_since = None
         self.refused.discard(link.rail)
@@ -158,11 +162,14 @@ class PeerChannel:
             self.avoid |= 1 << link.rail
         link.status.apply(ev, now, backoff_max=self.host.config.reconnect_max)
         self.drop(link, close=close)
+        self.host.down.add((self.rank, link.rail))
+        self.host.touch(self)
         self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
         self.tx.replay = True
         # A link parked on a frame ahead may have waited for this one.
         self.resume_parked()
         self.reroute(now, cause=CAUSE[ev], moved_from=link.rail if was_active else None)
+        self.host.redial()  # Recovery sleeps until a link is down
 
     def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
         host = self.host
@@ -326,11 +333,47 @@ class PeerChannel:
                     self.host.redial()
 
     # ------------------------------------------------------------ timers
+    def engaged(self) -> bool:
+        """An operation's traffic is pending with this peer: bytes to send or
+        to be acknowledged, or a receive posted."""
+        return self.tx.busy or bool(self.send.unacked) or self.rx.waiting()
+
+    def quiet(self, now: float) -> bool:
+        """Nothing for the timers to do with this peer until it is touched
+        again (traffic, a state change) or the probe budget picks one of
+        its links: no operation's traffic, no ack owed, no bytes of ours
+        waiting for an acknowledgement, no fault being handled, no rail in
+        hold-down, the path the policy would choose."""
+        if (self.engaged() or self.recv.ack_owed or self.no_path_since is not None
+                or self.avoid or self.peer_avoid or self.rx.stash or self.eof_since is not None):
+            return False
+        for link in self.links:
+            if link is not None and (link.pending_since is not None or link.parked or link.out):
+                return False
+        policy = self.host.policy
+        for st in self.status:
+            if st.state is State.UP and not policy.eligible(st, now):
+                return False
+        return policy.choose(self.status, now, 0) == self.active
+
+    def probe(self, rail: int, now: float) -> bool:
+        """Give an idle link something to acknowledge (the probe budget)."""
+        link = self.links[rail]
+        if link is None or link.status.state is not State.UP or link.out:
+            return False
+        self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+        if link.pending_since is None:
+            link.pending_since = now
+        return True
+
     def tick(self, now: float, blind: bool) -> None:
-        """Silent-loss detection and heartbeats on every live link; a link
+        """Silent-loss detection on every live link of this (hot) peer,
+        heartbeats on them while an operation's traffic is pending (or the
+        rail is held out: its cleanliness is judged from them); a link
         parked for long is read on into the stash."""
         self.rx.stash_parked(now)
         hb = self.host.config.heartbeat_interval
+        engaged = self.engaged()
         for link in self.links:
             if link is None or link.status.state is not State.UP:
                 continue
@@ -341,7 +384,8 @@ class PeerChannel:
                 # the other end would find out only at its own next check
                 self.notify(Kind.NOTIFY_SILENT, link.rail)
                 continue
-            if now - link.last_sent >= hb and not link.out:
+            if ((engaged or self.avoid >> link.rail & 1) and now - link.last_sent >= hb
+                    and not link.out):
                 self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
 
     def hold_sample(self, link: Link, now: float, retrans_segs: int) -> None:

@@ -111,6 +111,10 @@ class Receiver:
             return True
         return False
 
+    def waiting(self) -> bool:
+        """A receive is posted (or a message half in) from this peer."""
+        return bool(self.coll_recvs) or self.cur_in is not None or any(self.p2p_recvs.values())
+
     def cancel(self, m: InMessage) -> None:
         """A failed operation's receive: unmatch it, and make sure no frame
         half-read for it lands in memory the caller gets back now."""

@@ -62,6 +62,8 @@ class Recovery:
         self._probe_wanted: set = set()
         self._probed: Dict[int, float] = {}
         self.closed = False
+        #: returns from this thread's select (the idle-cost tests count them)
+        self.wakeups = 0
         self.monitor = None
         watched = [n for n in self.rail_ifnames if n and n != "lo"]
         if config.carrier_watch and watched:
@@ -160,10 +162,13 @@ class Recovery:
 
     def _loop(self) -> None:
         while not self.closed:
-            timeout = self._next_due() - time.monotonic()
+            due = self._next_due()
+            # nothing down and nothing to probe: sleep until woken (a link
+            # went down, a connection arrives, close)
+            timeout = None if due is None else max(due - time.monotonic(), 0.0)
+            self.wakeups += 1
             try:
-                ready, _, _ = select.select(self.listeners + [self._wake_r], [], [],
-                                            min(max(timeout, 0.0), 0.2))
+                ready, _, _ = select.select(self.listeners + [self._wake_r], [], [], timeout)
             except (OSError, ValueError):
                 if self.closed:
                     return
@@ -210,21 +215,31 @@ class Recovery:
         t.start()
         return True
 
-    def _next_due(self) -> float:
+    def _next_due(self) -> Optional[float]:
         """When the next re-dial is due: exactly the links ``_due_dials``
-        would dial (one being dialed is not due: waking for it would spin)."""
-        eng = self.engine
-        due = time.monotonic() + 0.2
-        for peer in eng.peers.values():
-            if peer.rank > self.rank or peer.lost is not None:
-                continue
-            for st in peer.status:
-                if (st.state is State.DOWN and st.rail not in self.local_down
-                        and (peer.rank, st.rail) not in self.dialing):
-                    due = min(due, st.next_probe)
+        would dial (one being dialed is not due: waking for it would spin);
+        None when nothing is. Only the links that are down are looked at."""
+        due = None
+        for peer, st in self._down_statuses():
+            if st.rail not in self.local_down and (peer.rank, st.rail) not in self.dialing:
+                due = st.next_probe if due is None else min(due, st.next_probe)
         if self._probe_wanted:
-            due = min(due, min(self._probed.get(p, 0.0) + 0.5 for p in self._probe_wanted))
+            p = min(self._probed.get(p, 0.0) + 0.5 for p in self._probe_wanted)
+            due = p if due is None else min(due, p)
         return due
+
+    def _down_statuses(self):
+        """(peer, status) of the down links this rank re-dials (it is the
+        higher rank of the pair). Read without the engine lock: a copy of
+        the set, and states re-checked."""
+        eng = self.engine
+        for rank, rail in list(eng.down):
+            peer = eng.peers.get(rank)
+            if peer is None or rank > self.rank or peer.lost is not None:
+                continue  # the higher rank of a pair dials
+            st = peer.status[rail]
+            if st.state is State.DOWN:
+                yield peer, st
 
     def _due_dials(self) -> List[Tuple[int, int]]:
         """Down links this rank should re-dial now. Read without the engine
@@ -234,13 +249,9 @@ class Recovery:
         out = []
         if eng.closed:
             return out
-        for peer in list(eng.peers.values()):
-            if peer.rank > self.rank or peer.lost is not None:
-                continue  # the higher rank of a pair dials
-            for st in peer.status:
-                if (st.state is State.DOWN and st.rail not in self.local_down and now >= st.next_probe
-                        and (peer.rank, st.rail) not in self.dialing):
-                    out.append((peer.rank, st.rail))
+        for peer, st in self._down_statuses():
+            if st.rail not in self.local_down and now >= st.next_probe and (peer.rank, st.rail) not in self.dialing:
+                out.append((peer.rank, st.rail))
         return out
 
     # ------------------------------------------------------------ probing a peer's listeners

@@ -43,14 +43,18 @@ def tune(sock: socket.socket, config: Config) -> None:
     # giving up there would take a live path for a dead one.
     user_timeout_ms = int(max(25 * config.silent_timeout, 5.0) * 1000)
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms)
+    # Keepalive only reaps a socket whose peer vanished while nothing was
+    # sent for long: the engine's own probes find a silent idle link. So it
+    # is rare (a packet a minute per idle link), not a per-link heartbeat.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle = max(1, int(config.silent_timeout * 4))
-    for opt, val in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+    for opt, val in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
 
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)
+#: seconds a link is idle before its kernel sends a keepalive
+KEEPALIVE_IDLE = 60
 
 
 def ack_silence(sock: socket.socket) -> Optional[float]:
@@ -166,3 +170,33 @@ def tcp_sample(sock: socket.socket, now: float):
         return int.from_bytes(info[o:o + 8], "little") if len(info) >= o + 8 else 0
     return TcpSample(now=now, acked=u64(120), busy_us=u64(168), rwnd_us=u64(176), sent=u64(200),
                      retrans=u64(208), retrans_segs=u32(100))
+
+
+#: descriptors kept free beside the links (listeners, the store, logs, the user's own files)
+FD_HEADROOM = 256
+
+
+def ensure_fd_budget(links: int) -> Tuple[int, int]:
+    """Every link is opened at start-up (backups are pre-created), so a rank
+    holds ``links`` = (N-1) x rails sockets. When the soft ``ulimit -n`` is
+    too low for that, raise it to the hard limit (as a process may) and say
+    so; when even the hard limit is too low, fail now with the fix rather
+    than with EMFILE half-way through start-up. Returns (soft, hard) after."""
+    from ..errors import ConfigError
+
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Linux
+        return -1, -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = links + FD_HEADROOM
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise ConfigError(f"{links} links need about {need} file descriptors, but the hard limit "
+                              f"(ulimit -Hn) is {hard}: raise it (LimitNOFILE= in systemd, --ulimit nofile= "
+                              f"in docker, /etc/security/limits.conf)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.warning("raised the soft limit of open files (ulimit -n) from %d to %s for %d links",
+                    soft, "unlimited" if hard == resource.RLIM_INFINITY else hard, links)
+        soft = hard
+    return soft, hard

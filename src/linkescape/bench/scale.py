@@ -1,0 +1,322 @@
+"""``linkescape bench --scale 2,8,16,32``: what one rank costs as the job grows.
+
+For each N, N rank processes start on this machine (two loopback rails,
+127.0.0.1 and 127.0.0.2, one TCPStore). Each holds a Gloo process group and a
+linkescape ``Communicator`` over the same store, and measures both side by
+side in the same processes:
+
+- ``init_s``: from a common start (a store barrier) until the group is ready,
+  the slowest rank;
+- ``idle_cpu``: CPU seconds per second of a rank while nothing is called, over
+  ``--idle`` seconds. linkescape's share is the CPU of its own threads (read
+  from ``/proc/self/task``); Gloo's is the rest of the process less the
+  sleeping main thread, so both come from the same seconds;
+- ``store_calls_per_s``: store calls of the backend while idle (each backend
+  gets its own counting wrapper around the store);
+- ``fds``: descriptors the backend opened, per rank;
+- ``allreduce_4B_us`` and ``allreduce_1MiB_us``: the slowest rank's mean time of
+  a loop of all_reduce calls, backends alternating which goes first in each
+  round; the median of the rounds.
+
+Rows go to stdout as a table and, with ``--json``, as JSON Lines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+PREFIX = "@@scale "
+RAILS = ["127.0.0.1", "127.0.0.2"]
+BACKENDS = ("linkescape", "gloo")
+
+
+# ====================================================================== rank side
+def _thread_cpu(tid: int) -> float:
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def linkescape_cpu() -> float:
+    """CPU seconds of every live linkescape thread of this process."""
+    return sum(_thread_cpu(t.native_id) for t in threading.enumerate()
+               if t.name.startswith("linkescape") and t.native_id is not None)
+
+
+def count_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
+
+
+def counting_store(store):
+    """A torch Store that counts the calls made through it (``.calls``)."""
+    import torch.distributed as dist
+
+    class Counting(dist.Store):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+            self.calls = 0
+
+        def set(self, key, value):
+            self.calls += 1
+            return self.inner.set(key, value)
+
+        def get(self, key):
+            self.calls += 1
+            return self.inner.get(key)
+
+        def add(self, key, value):
+            self.calls += 1
+            return self.inner.add(key, value)
+
+        def check(self, keys):
+            self.calls += 1
+            return self.inner.check(keys)
+
+        def wait(self, keys, timeout=None):
+            self.calls += 1
+            return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+        def compare_set(self, key, expected, desired):
+            self.calls += 1
+            return self.inner.compare_set(key, expected, desired)
+
+        def delete_key(self, key):
+            self.calls += 1
+            return self.inner.delete_key(key)
+
+        def num_keys(self):
+            self.calls += 1
+            return self.inner.num_keys()
+
+    return Counting(store)
+
+
+class ScaleRank:
+    def __init__(self, rank: int, n: int, store, idle: float, rounds: int, emit: Callable[[dict], None]) -> None:
+        self.rank, self.n, self.store, self.idle, self.rounds, self.emit = rank, n, store, idle, rounds, emit
+        self._barriers = 0
+
+    def barrier(self) -> None:
+        """A barrier through the store (no backend involved)."""
+        self._barriers += 1
+        key = f"scale/barrier/{self._barriers}"
+        self.store.add(key, 1)
+        while int(self.store.add(key, 0)) < self.n:
+            time.sleep(0.002)
+
+    def publish(self, what: str, value) -> Optional[List]:
+        """Every rank's ``value``, on rank 0 (None elsewhere)."""
+        self.store.set(f"scale/{what}/{self.rank}", json.dumps(value))
+        if self.rank:
+            return None
+        return [json.loads(self.store.get(f"scale/{what}/{r}")) for r in range(self.n)]
+
+    def run(self) -> None:
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        from .. import Communicator
+
+        np.seterr(all="ignore")
+        n, rank = self.n, self.rank
+        gstore, lstore = counting_store(self.store), counting_store(self.store)
+        self.barrier()
+        fd0 = count_fds()
+        t0 = time.perf_counter()
+        dist.init_process_group("gloo", store=dist.PrefixStore("scale/gloo", gstore), rank=rank, world_size=n,
+                                timeout=datetime.timedelta(seconds=600))
+        init_gloo = time.perf_counter() - t0
+        fd1 = count_fds()
+        self.barrier()
+        t0 = time.perf_counter()
+        comm = Communicator(dist.PrefixStore("scale/le", lstore), rank, n, rails=RAILS)
+        init_le = time.perf_counter() - t0
+        fd2 = count_fds()
+        self.barrier()
+        time.sleep(0.5)  # let start-up settle (the first beacon, threads ending)
+        calls0 = (lstore.calls, gstore.calls)
+        cpu_le0, cpu_all0, main0 = linkescape_cpu(), time.process_time(), time.thread_time()
+        w0 = time.perf_counter()
+        time.sleep(self.idle)
+        wall = time.perf_counter() - w0
+        cpu_le = linkescape_cpu() - cpu_le0
+        cpu_all = time.process_time() - cpu_all0 - (time.thread_time() - main0)
+        calls = (lstore.calls - calls0[0], gstore.calls - calls0[1])
+        self.barrier()
+        results = {"init": {"linkescape": init_le, "gloo": init_gloo},
+                   "fds": {"linkescape": fd2 - fd1, "gloo": fd1 - fd0},
+                   "idle_cpu": {"linkescape": cpu_le / wall, "gloo": max(0.0, cpu_all - cpu_le) / wall},
+                   "store_calls_per_s": {"linkescape": calls[0] / wall, "gloo": calls[1] / wall},
+                   "times": {}}
+        for size, iters in ((4, 200), (1 << 20, 20)):
+            buf = np.ones(size // 4, np.float32)
+            tbuf = torch.from_numpy(buf.copy())
+            calls_by = {"linkescape": lambda: comm.all_reduce(buf),
+                        "gloo": lambda: dist.all_reduce(tbuf)}
+            for name in BACKENDS:  # warm-up
+                for _ in range(5):
+                    calls_by[name]()
+            per = {name: [] for name in BACKENDS}
+            for r in range(self.rounds):
+                order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
+                for name in order:
+                    self.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        calls_by[name]()
+                    per[name].append((time.perf_counter() - t0) / iters * 1e6)
+            results["times"][str(size)] = per
+        gathered = self.publish("results", results)
+        self.barrier()
+        comm.close()
+        dist.destroy_process_group()
+        if gathered is not None:
+            self.emit({"event": "result", "n": n, "ranks": gathered})
+
+
+def rank_main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    import torch.distributed as dist
+
+    ap = argparse.ArgumentParser(prog="python -m linkescape.bench.scale")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--idle", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    lock = threading.Lock()
+
+    def emit(ev: dict) -> None:
+        with lock:
+            sys.stdout.write(PREFIX + json.dumps(ev) + "\n")
+            sys.stdout.flush()
+
+    store = dist.TCPStore("127.0.0.1", args.port, args.world_size, args.rank == 0,
+                          timeout=datetime.timedelta(seconds=600), wait_for_workers=False)
+    if args.rank == 0:
+        emit({"event": "store", "port": store.port})
+    ScaleRank(args.rank, args.world_size, store, args.idle, args.rounds, emit).run()
+    return 0
+
+
+# ====================================================================== launcher side
+def _env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_one(n: int, idle: float = 5.0, rounds: int = 3, timeout: float = 900.0) -> dict:
+    """Start ``n`` ranks, wait for them, return one row (medians over ranks
+    for per-rank costs, the slowest rank for times)."""
+    base = [sys.executable, "-m", "linkescape.bench.scale", "--world-size", str(n), "--idle", str(idle),
+            "--rounds", str(rounds)]
+    procs = [subprocess.Popen(base + ["--rank", "0", "--port", "0"], stdout=subprocess.PIPE, env=_env(),
+                              text=True)]
+    result = None
+    deadline = time.monotonic() + timeout
+    try:
+        for line in procs[0].stdout:
+            if not line.startswith(PREFIX):
+                continue
+            ev = json.loads(line[len(PREFIX):])
+            if ev["event"] == "store":
+                for r in range(1, n):
+                    procs.append(subprocess.Popen(base + ["--rank", str(r), "--port", str(ev["port"])],
+                                                  stdout=subprocess.DEVNULL, env=_env()))
+            elif ev["event"] == "result":
+                result = ev
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {n}-rank run took longer than {timeout:g}s")
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if result is None or bad:
+        raise RuntimeError(f"the {n}-rank run failed (ranks {bad} exited non-zero)")
+    return summarize(n, result["ranks"])
+
+
+def summarize(n: int, ranks: List[dict]) -> dict:
+    row = {"world_size": n}
+    for b in BACKENDS:
+        rec = {"init_s": max(r["init"][b] for r in ranks),
+               "idle_cpu_per_rank": statistics.median(r["idle_cpu"][b] for r in ranks),
+               "store_calls_per_s_per_rank": statistics.median(r["store_calls_per_s"][b] for r in ranks),
+               "fds_per_rank": statistics.median(r["fds"][b] for r in ranks)}
+        for size, key in (("4", "allreduce_4B_us"), (str(1 << 20), "allreduce_1MiB_us")):
+            rounds = len(ranks[0]["times"][size][b])
+            worst = [max(r["times"][size][b][i] for r in ranks) for i in range(rounds)]
+            rec[key] = statistics.median(worst)
+        row[b] = rec
+    return row
+
+
+COLUMNS = (("idle_cpu_per_rank", "idle CPU/rank", "{:.4f}"), ("allreduce_4B_us", "4 B us", "{:.0f}"),
+           ("allreduce_1MiB_us", "1 MiB us", "{:.0f}"), ("init_s", "init s", "{:.2f}"),
+           ("store_calls_per_s_per_rank", "store/s/rank", "{:.2f}"), ("fds_per_rank", "fds/rank", "{:.0f}"))
+
+
+def format_row(row: dict) -> str:
+    le, gl = row["linkescape"], row["gloo"]
+    cells = [f"{row['world_size']:>4}"]
+    for key, _title, fmt in COLUMNS:
+        cells.append(f"{fmt.format(le[key])} / {fmt.format(gl[key])}")
+    cells.append(f"{le['allreduce_4B_us'] / gl['allreduce_4B_us']:.2f}x")
+    cells.append(f"{le['allreduce_1MiB_us'] / gl['allreduce_1MiB_us']:.2f}x")
+    return " | ".join(cells)
+
+
+def header() -> str:
+    return " | ".join(["   N"] + [f"{t} (linkescape / gloo)" for _k, t, _f in COLUMNS]
+                      + ["4 B ratio", "1 MiB ratio"])
+
+
+def run_scale(sizes: List[int], json_path: Optional[str], echo: Callable[[str], None] = print,
+              idle: float = 5.0, rounds: int = 3) -> List[dict]:
+    echo(f"# linkescape bench --scale {','.join(map(str, sizes))} (rails {','.join(RAILS)}, "
+         f"{os.cpu_count()} CPUs, idle {idle:g}s, {rounds} rounds)")
+    echo(header())
+    rows = []
+    out = open(json_path, "w") if json_path else None
+    try:
+        for n in sizes:
+            row = run_one(n, idle=idle, rounds=rounds)
+            rows.append(row)
+            echo(format_row(row))
+            if out is not None:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+    finally:
+        if out is not None:
+            out.close()
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover - started by run_one
+    sys.exit(rank_main())
