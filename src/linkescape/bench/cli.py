@@ -89,13 +89,35 @@ DEFAULT_RAILS = "127.0.0.1"
 @click.option("--faults", default=None, metavar="KINDS",
               help="run the failover benchmark instead: faults of these kinds (cut,blackhole,flap) on a testbed "
                    "(root); --rails is then the testbed's rail count (default 2); see --rate-phases")
+@click.option("--scale", "scale", default=None, metavar="N,N,...",
+              help="run the scale benchmark instead: for each N, N ranks here with linkescape and gloo side "
+                   "by side: idle CPU per rank, 4 B and 1 MiB all_reduce, init, store calls a second, fds per rank")
+@click.option("--idle-seconds", type=float, default=5.0, show_default=True,
+              help="--scale: seconds of idleness measured per N")
 @click.option("-v", "--verbose", is_flag=True, help="show the ranks' own output and tracebacks")
 def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
           iters: int, warmup: int, check: bool, rails: str, json_path: Optional[str], timeout: float,
-          launcher: str, store_kind: str, faults: Optional[str], verbose: bool, **failover_opts) -> None:
+          launcher: str, store_kind: str, faults: Optional[str], scale: Optional[str], idle_seconds: float,
+          verbose: bool, **failover_opts) -> None:
     """Benchmark collectives like nccl-tests: OP is all_reduce (default), broadcast, reduce,
     all_gather, reduce_scatter, all_to_all, gather, scatter, send_recv, barrier, a comma list,
     or all."""
+    if scale:
+        try:
+            counts = [int(x) for x in scale.split(",") if x.strip()]
+        except ValueError:
+            raise _usage(ValueError(f"--scale {scale!r}: a comma list of world sizes"), "'--scale'") from None
+        if not counts or min(counts) < 2:
+            raise _usage(ValueError("--scale: world sizes of 2 or more"), "'--scale'")
+        if importlib.util.find_spec("torch") is None:
+            raise click.UsageError("--scale compares with gloo, which needs torch")
+        from .scale import run_scale
+
+        try:
+            run_scale(counts, json_path, echo=click.echo, idle=idle_seconds)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
     if faults:
         # The failover benchmark runs on a testbed of network namespaces.
         from .failover import run_failover_cli

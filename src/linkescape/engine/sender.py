@@ -103,7 +103,11 @@ class Sender:
 
             self.peer.link_down(link, failure_event(exc), detail=f"send: {exc}")
             return
-        link.last_sent = time.monotonic()
+        now = link.last_sent = time.monotonic()
+        if link.pending_since is None:
+            # bytes of ours wait for the peer kernel's ack from now: the peer
+            # stays hot (watched) until a silence check saw them acknowledged
+            link.pending_since = now
         want = POLLIN if emptied else POLLIN | POLLOUT
         if link.parked:
             want &= ~POLLIN

@@ -1,0 +1,98 @@
+"""One rank of the 64-rank test: numpy only and a TCPStore. Every collective,
+checked exactly, then all_reduce in a loop while the test cuts one host's
+rail, until the stop file appears. Prints JSON lines."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def say(**rec) -> None:
+    sys.stdout.write(json.dumps(rec) + "\n")
+    sys.stdout.flush()
+
+
+def check_every_collective(comm, rank: int, n: int) -> int:
+    wrong = 0
+    k = 1000
+    buf = np.full(k, rank, np.int64)
+    comm.all_reduce(buf)
+    wrong += int(np.count_nonzero(buf != n * (n - 1) // 2))
+    big = np.arange(1 << 17, dtype=np.int64) + rank  # 1 MiB: the ring
+    comm.all_reduce(big)
+    wrong += int(np.count_nonzero(big != np.arange(1 << 17, dtype=np.int64) * n + n * (n - 1) // 2))
+    b = np.full(k, rank, np.int64)
+    comm.broadcast(b, 3)
+    wrong += int(np.count_nonzero(b != 3))
+    r = np.full(k, rank + 1, np.int64)
+    comm.reduce(r, 5)
+    if rank == 5:
+        wrong += int(np.count_nonzero(r != n * (n + 1) // 2))
+    out = np.zeros((n, 4), np.int64)
+    comm.all_gather(out, np.full(4, rank, np.int64))
+    wrong += int(np.count_nonzero(out != np.arange(n)[:, None]))
+    rs = np.zeros(4, np.int64)
+    comm.reduce_scatter(rs, np.tile(np.arange(n, dtype=np.int64)[:, None], (1, 4)))
+    wrong += int(np.count_nonzero(rs != rank * n))
+    a_in = np.array([[rank * 1000 + j] for j in range(n)], np.int64)
+    a_out = np.zeros((n, 1), np.int64)
+    comm.all_to_all(a_out, a_in)
+    wrong += int(np.count_nonzero(a_out[:, 0] != np.arange(n) * 1000 + rank))
+    g = np.zeros((n, 2), np.int64) if rank == 7 else None
+    comm.gather(g, np.full(2, rank, np.int64), 7)
+    if rank == 7:
+        wrong += int(np.count_nonzero(g != np.arange(n)[:, None]))
+    sc = np.zeros(2, np.int64)
+    comm.scatter(sc, np.tile(np.arange(n, dtype=np.int64)[:, None], (1, 2)) if rank == 0 else None, 0)
+    wrong += int(np.count_nonzero(sc != rank))
+    comm.barrier()
+    token = np.zeros(1, np.int64)
+    if rank % 2 == 0:
+        comm.send(np.array([rank], np.int64), (rank + 1) % n)
+        comm.recv(token, (rank - 1) % n)
+    else:
+        comm.recv(token, (rank - 1) % n)
+        comm.send(np.array([rank], np.int64), (rank + 1) % n)
+    wrong += int(token[0] != (rank - 1) % n)
+    return wrong
+
+
+def main() -> None:
+    rank, n, host, port, stop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    import torch.distributed as dist
+
+    from linkescape import Communicator, ReduceOp
+
+    store = dist.TCPStore(host, port, n, rank == 0, timeout=datetime.timedelta(seconds=300),
+                          wait_for_workers=False)
+    t0 = time.monotonic()
+    comm = Communicator(store, rank, n)
+    say(event="up", rank=rank, init_s=time.monotonic() - t0)
+    wrong = check_every_collective(comm, rank, n)
+    say(event="checked", rank=rank, wrong=wrong)
+    i = 0
+    while True:
+        buf = np.full(1 << 16, rank + i, np.int64)
+        comm.all_reduce(buf)
+        wrong += int(np.count_nonzero(buf != n * i + n * (n - 1) // 2))
+        i += 1
+        if i % 5 == 0:
+            flag = np.array([os.path.exists(stop)], np.int64)
+            comm.all_reduce(flag, ReduceOp.MIN)
+            if flag[0]:
+                break
+    wrong += check_every_collective(comm, rank, n)
+    snap = comm.snapshot()
+    failovers = sum(1 for p in snap["peers"].values() for l in p["links"] if l["failures"])
+    say(event="end", rank=rank, wrong=wrong, iters=i, links_failed=failovers)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
