@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -79,8 +80,17 @@ class Work:
             fn(self)
 
 
-def _signature(*fields) -> int:
+@functools.lru_cache(maxsize=4096)
+def _signature_of(fields: tuple) -> int:
     return zlib.crc32("|".join(str(f) for f in fields).encode()) & 0x7FFFFFFF
+
+
+def _signature(*fields) -> int:
+    # a job repeats the same few operations: computed once per shape
+    try:
+        return _signature_of(fields)
+    except TypeError:  # an unhashable field
+        return zlib.crc32("|".join(str(f) for f in fields).encode()) & 0x7FFFFFFF
 
 
 class Communicator:

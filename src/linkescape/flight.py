@@ -143,31 +143,35 @@ class FlightRecorder:
         self._threads: List[threading.Thread] = []
         self.closed = False
         self.dump_paths: List[str] = []
+        #: the completion callback of every op (one bound method, made once)
+        self._on_done = self._done
 
     # ----------------------------------------------------------- recording
     def record(self, op, sig: tuple, posted: float) -> _Slot:
         """A new operation (called in posting order, under the post lock)."""
+        # Keeps nothing per op: the slot is reused, the completion callback is
+        # one bound method for every op, and the op carries its slot (and
+        # what the counters need should the ring come round while it runs).
         with self._lock:
-            s = self._ring[self._next]
-            self._next = (self._next + 1) % self.size
+            i = self._next
+            s = self._ring[i]
+            self._next = i + 1 if i + 1 < self.size else 0
             s.gen += 1
             s.seq = op.seq
             s.name = op.name
             s.coll = op.collective
             s.sig = sig
             s.posted = posted
-            s.started = 0.0
-            s.ended = 0.0
+            s.started = s.ended = 0.0
             s.state = _POSTED
-            s.error = None
+            s.error = s.waiting = None
             s.peers = op.peers
             s.frames = op.last_seq
             s.op = op
-            s.waiting = None
             if op.collective:
                 self.coll_posted = op.seq
-            gen = s.gen
-        op.callbacks.append(lambda o, s=s, g=gen, sig=sig, t=posted: self._done(s, g, o, sig, t))
+        op.flight = (s, sig, posted)
+        op.callbacks.append(self._on_done)
         return s
 
     def post_lock(self, lock) -> _Started:
@@ -190,7 +194,11 @@ class FlightRecorder:
                 s.op = None
         self._count(s.name, s.sig, s.posted, s.ended, exc)
 
-    def _done(self, s: _Slot, gen: int, op, sig: tuple, posted: float) -> None:
+    def _done(self, op) -> None:
+        if op.flight is None:
+            return  # recorded already
+        s, sig, posted = op.flight
+        op.flight = None
         now = time.time()
         err = op.error
         waiting = None
@@ -200,7 +208,7 @@ class FlightRecorder:
         with self._lock:
             if op.collective and err is None and op.seq > self.coll_done:
                 self.coll_done = op.seq
-            if s.gen == gen:  # else the ring came round while this op ran
+            if s.op is op:  # else the ring came round while this op ran
                 if not s.started:
                     s.started = now
                 s.ended = now
@@ -216,8 +224,10 @@ class FlightRecorder:
                 self._trigger(reason, err)
 
     def _count(self, name: str, sig: tuple, posted: float, ended: float, err: Optional[BaseException]) -> None:
-        self.ops[name] = self.ops.get(name, 0) + 1
-        self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, ended - posted)
+        ops = self.ops
+        ops[name] = ops.get(name, 0) + 1
+        seconds = self.seconds
+        seconds[name] = seconds.get(name, 0.0) + (ended - posted if ended > posted else 0.0)
         n = self._nbytes(sig)
         if n:
             self.bytes[name] = self.bytes.get(name, 0) + n

@@ -9,7 +9,7 @@ equal a native half reduction while running ~50x faster in numpy.
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from typing import Callable, Dict
 
 import numpy as np
 
@@ -72,7 +72,33 @@ def check_op(op: ReduceOp, dtype: np.dtype) -> None:
 def reducer(op: ReduceOp, dtype: np.dtype, max_elems: int) -> Reducer:
     """``f(out, a, b)`` computes ``out = a OP b`` elementwise, allocating nothing
     per call (half types use scratch of ``max_elems`` float32 values)."""
-    check_op(op, dtype)
+    half = is_half(dtype)
+    if half and max_elems > _CACHED_HALF_ELEMS:
+        check_op(op, dtype)
+        return _make_reducer(op, dtype, max_elems)  # large scratch: not kept
+    if half:
+        max_elems = 1 << max(max_elems - 1, 0).bit_length()  # a few sizes, not one per shape
+    key = (op, dtype, max_elems if half else 0)
+    red = _REDUCERS.get(key)
+    if red is None:
+        check_op(op, dtype)
+        red = _make_reducer(op, dtype, max_elems)
+        if len(_REDUCERS) >= 128:
+            _REDUCERS.clear()  # bounded: a job uses a few shapes
+        _REDUCERS[key] = red
+    return red
+
+
+#: half-type reducers with up to this much scratch (float32 values) are kept
+_CACHED_HALF_ELEMS = 1 << 15
+
+
+#: reducers by (op, dtype, scratch size): they hold no per-operation state
+#: (reductions run one at a time, under the engine lock), so one serves every call
+_REDUCERS: Dict[tuple, Reducer] = {}
+
+
+def _make_reducer(op: ReduceOp, dtype: np.dtype, max_elems: int) -> Reducer:
     ufunc = _UFUNC[op]
     if not is_half(dtype):
         def native(out, a, b):

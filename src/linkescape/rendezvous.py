@@ -37,6 +37,8 @@ KEY_ADDR = "linkescape/addr/{rank}"
 #: the per-job secret, under the job's token so that a reader always gets the pair
 KEY_SECRET = auth.KEY_SECRET + "/{job}"
 KEY_AUTH_FAILED = "linkescape/auth_failed/{job}"
+#: start-up dials in flight at once
+DIAL_PARALLEL = 16
 
 
 # ------------------------------------------------------------------ rails
@@ -261,9 +263,7 @@ class LinkSetup:
         acceptor.start()
         out: Dict[Tuple[int, int], socket.socket] = {}
         try:
-            for p in range(self.rank):
-                for rail in range(nr):
-                    out[(p, rail)] = self._connect(p, rail, peers[p][rail], deadline)
+            self._dial_all(peers, nr, deadline, out)
             while acceptor.is_alive() and time.monotonic() < deadline:
                 acceptor.join(0.05)
                 if self._abort is not None:
@@ -287,6 +287,30 @@ class LinkSetup:
             out.update(self.accepted)
         return out
 
+    def _dial_all(self, peers: Dict[int, List[Tuple[str, int]]], nr: int, deadline: float,
+                  out: Dict[Tuple[int, int], socket.socket]) -> None:
+        """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time:
+        a dial mostly waits for the peer (its accept, its proof), so one at a
+        time made start-up grow with N x the round trip."""
+        todo = [(p, rail) for p in range(self.rank) for rail in range(nr)]
+        if not todo:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(DIAL_PARALLEL, len(todo)),
+                                thread_name_prefix=f"linkescape-dial0-{self.rank}") as pool:
+            futures = {pool.submit(self._connect, p, rail, peers[p][rail], deadline): (p, rail)
+                       for p, rail in todo}
+            error: Optional[BaseException] = None
+            for fut, key in futures.items():
+                try:
+                    out[key] = fut.result()
+                except BaseException as exc:  # noqa: BLE001 - the first error is raised, the rest closed
+                    if error is None or isinstance(exc, AuthError) and not isinstance(error, AuthError):
+                        error = exc
+            if error is not None:
+                raise error
+
     def _connect(self, peer: int, rail: int, addr: Tuple[str, int], deadline: float) -> socket.socket:
         delay = 0.01
         while True:
@@ -297,6 +321,8 @@ class LinkSetup:
                 return sock
             except AuthError as exc:
                 self._report_auth_failure(exc)
+                if self._abort is None:
+                    self._abort = exc  # the other dials in flight stop at their next retry
                 raise
             except (OSError, HandshakeError) as exc:
                 self._check_flag()

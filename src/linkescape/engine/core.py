@@ -46,9 +46,13 @@ log = logging.getLogger("linkescape.engine")
 GREY_INTERVAL = 0.1
 #: timer cadence while some peer is hot (silence checks, heartbeats, parked links, acks)
 TICK = 0.01
+#: peers with a rail down whose remaining links carry heartbeats (the rest: the probe budget)
+WATCH_DEGRADED = 8
 
 
 class Engine:
+    WATCH_DEGRADED = WATCH_DEGRADED
+
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -82,6 +86,10 @@ class Engine:
         self.hot: set = set()
         #: links that are down, as (peer, rail): what Recovery re-dials, without a scan of all peers
         self.down: set = set()
+        #: peers that lost a rail and whose remaining links are watched closely
+        #: (heartbeats): a second fault on them is the one that leaves no path.
+        #: At most WATCH_DEGRADED, so a NIC failure facing N peers costs O(1).
+        self.degraded_watch: set = set()
         #: idle and backup links are checked this many a second per rank, whatever N
         self.probes = ProbeBudget(sorted(self.peers), nrails, config.probe_rate)
         self.next_timer = 0.0

@@ -22,7 +22,7 @@ class Op:
 
     __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
                  "views", "settle_until", "peers", "callbacks", "collective", "need_ack",
-                 "last_seq", "source")
+                 "last_seq", "source", "flight")
 
     def __init__(self, seq: int, name: str, deadline: float, collective: bool = True,
                  need_ack: bool = False) -> None:
@@ -48,6 +48,8 @@ class Op:
         self.callbacks: List[Callable[["Op"], None]] = []
         #: the rank an any-source receive matched (None until it did)
         self.source: Optional[int] = None
+        #: its flight-recorder slot while it runs (set by the recorder)
+        self.flight = None
 
     def protect(self, view: memoryview) -> None:
         self.views.append(view)

@@ -106,6 +106,7 @@ class PeerChannel:
         self.host.io.add_link(link)
         self.host.down.discard((self.rank, link.rail))
         self.host.touch(self)
+        self._whole_again()
         self._watch(link, now)
         self.reroute(now)
 
@@ -122,6 +123,7 @@ class PeerChannel:
         self.host.io.add_link(link)
         self.host.down.discard((self.rank, link.rail))
         self.host.touch(self)  # hot through the hold-down, then failback
+        self._whole_again()
         self._watch(link, now)
         self.eof_since = None
         self.refused.discard(link.rail)
@@ -130,6 +132,10 @@ class PeerChannel:
         self.host.emit("link_up", self.rank, link.rail, CAUSE.get(cause), epoch=link.epoch)
         self.reroute(now, cause=CAUSE.get(cause))
         self.tx.pump()
+
+    def _whole_again(self) -> None:
+        if all(st.state is State.UP for st in self.status):
+            self.host.degraded_watch.discard(self)
 
     def _watch(self, link: Link, now: float) -> None:
         link.grey = GreyDetector(self.host.rail_rates[link.rail])
@@ -162,8 +168,11 @@ class PeerChannel:
             self.avoid |= 1 << link.rail
         link.status.apply(ev, now, backoff_max=self.host.config.reconnect_max)
         self.drop(link, close=close)
-        self.host.down.add((self.rank, link.rail))
-        self.host.touch(self)
+        host = self.host
+        host.down.add((self.rank, link.rail))
+        host.touch(self)
+        if len(host.degraded_watch) < host.WATCH_DEGRADED:
+            host.degraded_watch.add(self)
         self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
         self.tx.replay = True
         # A link parked on a frame ahead may have waited for this one.
@@ -345,7 +354,8 @@ class PeerChannel:
         waiting for an acknowledgement, no fault being handled, no rail in
         hold-down, the path the policy would choose."""
         if (self.engaged() or self.recv.ack_owed or self.no_path_since is not None
-                or self.avoid or self.peer_avoid or self.rx.stash or self.eof_since is not None):
+                or self.avoid or self.peer_avoid or self.rx.stash or self.eof_since is not None
+                or self in self.host.degraded_watch):
             return False
         for link in self.links:
             if link is not None and (link.pending_since is not None or link.parked or link.out):
@@ -373,7 +383,7 @@ class PeerChannel:
         parked for long is read on into the stash."""
         self.rx.stash_parked(now)
         hb = self.host.config.heartbeat_interval
-        engaged = self.engaged()
+        engaged = self.engaged() or self in self.host.degraded_watch
         for link in self.links:
             if link is None or link.status.state is not State.UP:
                 continue
