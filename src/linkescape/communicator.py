@@ -242,7 +242,8 @@ class Communicator:
             # The thresholds choose the schedule: ranks configured differently
             # must get a mismatch error, not wait for messages never sent.
             sched = Schedule(op, self.rank, self.world_size, msg,
-                             _signature(name, *sig_fields, self.config.small_bytes, self.config.direct_bytes))
+                             _signature(name, *sig_fields, self.config.small_bytes, self.config.direct_bytes,
+                                        self.config.tree_ranks))
             build(sched)
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)
@@ -291,12 +292,15 @@ class Communicator:
         # messages are cheap: measured here, recursive doubling wins from 4
         # ranks on (4 ranks on 2 cores: 0.55-0.59x gloo against 0.63x).
         direct = n <= 3 and buf.nbytes * (n - 1) <= self.config.direct_bytes
+        tree = small and n >= self.config.tree_ranks
 
         def build(s):
             if n == 1:
                 return
             if direct:
                 latency.all_reduce_direct(s, flat, red)
+            elif tree:
+                latency.all_reduce_tree(s, flat, red)
             else:
                 (latency.all_reduce if small else ring.all_reduce)(s, flat, red)
 

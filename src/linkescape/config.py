@@ -109,6 +109,7 @@ _ENV = {
     "LINKESCAPE_SMALL_BYTES": ("small_bytes", _size),
     "LINKESCAPE_COPY_BYTES": ("copy_bytes", _size),
     "LINKESCAPE_DIRECT_BYTES": ("direct_bytes", _size),
+    "LINKESCAPE_TREE_RANKS": ("tree_ranks", lambda v, n: _count(v, n)),
     "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
     "LINKESCAPE_HEARTBEAT_MS": ("heartbeat_interval", _millis),
     "LINKESCAPE_PROBE_RATE": ("probe_rate", lambda v, n: _rate(v, n)),
@@ -148,6 +149,9 @@ class Config:
     #: all_reduce of up to 3 ranks sends to every peer directly (one round)
     #: while size * (world_size - 1) stays under this
     direct_bytes: int = 4096
+    #: a small all_reduce of this many ranks or more is a reduce and a
+    #: broadcast tree (2(n-1) messages) rather than recursive doubling (n log2 n)
+    tree_ranks: int = 8
     #: frames up to this size are copied into the retransmit store when sent;
     #: larger ones are sent zero-copy from the caller's memory
     copy_bytes: int = 64 << 10

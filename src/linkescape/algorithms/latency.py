@@ -153,6 +153,45 @@ def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray) -> No
         m.on_frame = on_frame_factory(m)
 
 
+def all_reduce_tree(s: Schedule, flat: np.ndarray, red) -> None:
+    """A binomial reduce to rank 0, then a binomial broadcast from it, in one
+    operation: 2(n-1) messages in all, against n log2 n for recursive
+    doubling, in 2 log2 n rounds. Where the ranks outnumber the cores (or
+    the job is large), the CPU the messages cost, not the rounds, sets the
+    time (NCCL picks trees for small messages at scale too). Every rank ends
+    with rank 0's bits; children are combined in a fixed order."""
+    n, r = s.world_size, s.rank
+    parent, children = _tree(n, r, 0)
+    nbytes = flat.nbytes
+    raw = byte_view(flat)
+    acc = flat if parent is None else flat.copy()  # a non-root sends its partial sum up; flat gets the result
+    rbufs = [np.empty_like(flat) for _ in children]
+    up = s.send(parent, byte_view(acc), ready=0 if children else None) if parent is not None else None
+    result = s.recv(parent, nbytes, dst=raw) if parent is not None else None
+    downs = [s.send(c, raw, ready=0) for c in reversed(children)]
+    ups = [s.recv(c, nbytes, dst=byte_view(buf)) for c, buf in zip(children, rbufs)]
+    state = {"left": len(children)}
+
+    def release_down() -> None:
+        for m in downs:
+            m.ready = nbytes
+
+    def on_up(received: int, m) -> None:
+        if received == m.nbytes:
+            state["left"] -= 1
+            if state["left"] == 0:
+                for buf in rbufs:
+                    red(acc, acc, buf)
+                if up is not None:
+                    up.ready = nbytes
+                else:
+                    release_down()  # the root holds the result
+    for m in ups:
+        m.on_frame = lambda received, m=m: on_up(received, m)
+    if result is not None:
+        result.on_frame = lambda received, m=result: release_down() if received == m.nbytes else None
+
+
 def all_reduce_direct(s: Schedule, flat: np.ndarray, red) -> None:
     """One round: every rank sends its value to every other rank, then all
     reduce the same values in rank order (identical bits everywhere). Best for

@@ -232,8 +232,11 @@ def run_one(n: int, idle: float = 5.0, rounds: int = 3, timeout: float = 900.0) 
     for per-rank costs, the slowest rank for times)."""
     base = [sys.executable, "-m", "linkescape.bench.scale", "--world-size", str(n), "--idle", str(idle),
             "--rounds", str(rounds)]
+    import tempfile
+
+    errs = tempfile.TemporaryFile(mode="w+")
     procs = [subprocess.Popen(base + ["--rank", "0", "--port", "0"], stdout=subprocess.PIPE, env=_env(),
-                              text=True)]
+                              stderr=errs, text=True)]
     result = None
     deadline = time.monotonic() + timeout
     try:
@@ -244,7 +247,7 @@ def run_one(n: int, idle: float = 5.0, rounds: int = 3, timeout: float = 900.0) 
             if ev["event"] == "store":
                 for r in range(1, n):
                     procs.append(subprocess.Popen(base + ["--rank", str(r), "--port", str(ev["port"])],
-                                                  stdout=subprocess.DEVNULL, env=_env()))
+                                                  stdout=subprocess.DEVNULL, stderr=errs, env=_env()))
             elif ev["event"] == "result":
                 result = ev
             if time.monotonic() > deadline:
@@ -258,7 +261,13 @@ def run_one(n: int, idle: float = 5.0, rounds: int = 3, timeout: float = 900.0) 
                 p.wait()
     bad = [r for r, p in enumerate(procs) if p.returncode != 0]
     if result is None or bad:
-        raise RuntimeError(f"the {n}-rank run failed (ranks {bad} exited non-zero)")
+        errs.seek(0)
+        text = errs.read()
+        # the first rank's failure is the cause; the others follow from it
+        first = text.find("Traceback")
+        tail = text[first:first + 4000] if first >= 0 else text[-3000:]
+        raise RuntimeError(f"the {n}-rank run failed (ranks {bad} exited non-zero):\n{tail}")
+    errs.close()
     return summarize(n, result["ranks"])
 
 
