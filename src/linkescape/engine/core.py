@@ -29,7 +29,7 @@ from ..protocol.frames import Kind
 from ..protocol.linkstate import Ev, PathPolicy
 from ..protocol.grey import RailRate, Window
 from ..protocol.linkstate import State
-from ..transport.tcp import tcp_sample
+from ..transport.tcp import ack_silence, tcp_sample
 from ..protocol.railstate import RailWord
 from .completion import OpTable
 from .driver import Driver
@@ -92,6 +92,8 @@ class Engine:
         self.degraded_watch: set = set()
         #: idle and backup links are checked this many a second per rank, whatever N
         self.probes = ProbeBudget(sorted(self.peers), nrails, config.probe_rate)
+        #: the link probed last: (peer, link), its acknowledgement looked at with the next probe
+        self._probed = None
         self.next_timer = 0.0
         self._next_grey = 0.0
         #: called when a down link should be re-dialed now (set by Recovery)
@@ -302,8 +304,13 @@ class Engine:
                     io.extra[fd](ev)
                 continue
             peer = self.peers[link.peer]
-            hot.add(peer)
-            peer.on_event(link, ev)
+            if peer in hot:
+                peer.on_event(link, ev)
+            else:
+                # a cold peer's frame (a probe, typically) may leave nothing to do
+                peer.on_event(link, ev)
+                if not peer.quiet(time.monotonic()):
+                    hot.add(peer)
         now = time.monotonic()
         if hot:
             for peer in list(hot):
@@ -340,12 +347,31 @@ class Engine:
             self._grey(now)
         due = self.probes.due(now)
         if due is not None:
-            peer = self.peers[due[0]]
-            if peer not in hot and peer.probe(due[1], now):
-                hot.add(peer)
+            self._probe(due, now)
         for peer in [p for p in hot if p.quiet(now)]:
             hot.discard(peer)
         self.next_timer = now + TICK if hot else self.probes.next_at
+
+    def _probe(self, due, now: float) -> None:
+        """The probe budget is due: look at the last probe's acknowledgement
+        (a link still silent makes its peer hot: the silence check takes it
+        from there), then probe the next link. A probed peer is not made hot,
+        so a probe costs one wake-up here and one at the peer."""
+        last, self._probed = self._probed, None
+        if last is not None:
+            peer, link = last
+            if peer.links[link.rail] is link and link.pending_since is not None and peer not in self.hot:
+                try:
+                    silent = ack_silence(link.sock)
+                except OSError:
+                    silent = 0.0
+                if silent is None:
+                    link.pending_since = None
+                else:
+                    self.hot.add(peer)
+        peer = self.peers[due[0]]
+        if peer not in self.hot and peer.probe(due[1], now):
+            self._probed = (peer, peer.links[due[1]])
 
     def _grey(self, now: float) -> None:
         """Grey failure, per rail: every busy link's goodput window, judged
