@@ -304,13 +304,8 @@ class Engine:
                     io.extra[fd](ev)
                 continue
             peer = self.peers[link.peer]
-            if peer in hot:
-                peer.on_event(link, ev)
-            else:
-                # a cold peer's frame (a probe, typically) may leave nothing to do
-                peer.on_event(link, ev)
-                if not peer.quiet(time.monotonic()):
-                    hot.add(peer)
+            hot.add(peer)
+            peer.on_event(link, ev)
         now = time.monotonic()
         if hot:
             for peer in list(hot):
@@ -356,7 +351,8 @@ class Engine:
         """The probe budget is due: look at the last probe's acknowledgement
         (a link still silent makes its peer hot: the silence check takes it
         from there), then probe the next link. A probed peer is not made hot,
-        so a probe costs one wake-up here and one at the peer."""
+        so a probe costs one wake-up here (and two at the peer: the frame,
+        then the timer round that finds it quiet)."""
         last, self._probed = self._probed, None
         if last is not None:
             peer, link = last
