@@ -151,7 +151,7 @@ class Config:
     direct_bytes: int = 4096
     #: a small all_reduce of this many ranks or more is a reduce and a
     #: broadcast tree (2(n-1) messages) rather than recursive doubling (n log2 n)
-    tree_ranks: int = 8
+    tree_ranks: int = 16
     #: frames up to this size are copied into the retransmit store when sent;
     #: larger ones are sent zero-copy from the caller's memory
     copy_bytes: int = 64 << 10

@@ -41,10 +41,10 @@ def _random_all_reduce(comm, seed):
     return out
 
 
-@pytest.mark.parametrize("world_size", [3, 4, 8])  # 8: the reduce + broadcast tree
-def test_bit_identical_across_ranks_and_runs(world_size):
+@pytest.mark.parametrize("world_size,tree_ranks", [(3, 16), (4, 16), (8, 16), (8, 8)])  # 8/8: the tree
+def test_bit_identical_across_ranks_and_runs(world_size, tree_ranks):
     """Random floats, where order matters: every rank and every run agree bit for bit."""
-    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60)
+    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60, tree_ranks=tree_ranks)
     first = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg))
     second = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg,
                                    rails=("127.0.0.1", "127.0.0.2")))

@@ -225,7 +225,7 @@ class Engine:
         from ..protocol.channel import address_range
 
         lo = None
-        for peer in self.hot:  # a peer with zero-copy frames unacknowledged is hot
+        for peer in tuple(self.hot):  # a peer with zero-copy frames unacknowledged is hot
             if peer.send.zc:
                 if lo is None:
                     if not len(view):
@@ -284,7 +284,9 @@ class Engine:
         self.any_recvs.setdefault(m.msg, collections.deque()).append(m)
 
     def async_work(self) -> bool:
-        return bool(self.ops) or any(p.tx.busy for p in self.hot)
+        """(any thread, without the lock: the driver asks) Work for the
+        background thread. A copy of the hot set: it changes under the lock."""
+        return bool(self.ops) or any(p.tx.busy for p in tuple(self.hot))
 
     # ------------------------------------------------------------ one round
     def progress_once(self, timeout: float) -> None:
@@ -375,7 +377,7 @@ class Engine:
         only shares a healthy NIC is not grey); held links' cleanliness."""
         windows: Dict[int, list] = {}
         judged = []
-        for peer in self.hot:  # a link that carried bytes belongs to a hot peer
+        for peer in tuple(self.hot):  # a link that carried bytes belongs to a hot peer
             for link in peer.links:
                 if link is None or link.status.state is not State.UP or link.grey is None:
                     continue
