@@ -107,24 +107,27 @@ def _tree(n: int, rel: int, root: int):
     return parent, children
 
 
-def broadcast(s: Schedule, raw: memoryview, root: int) -> None:
-    """Binomial tree from ``root``."""
+def broadcast(s: Schedule, raw: memoryview, root: int, hold: bool = False) -> list:
+    """Binomial tree from ``root``. ``hold``: the root's sends wait until the
+    caller sets their ``ready`` (the value is still being made); returns them."""
     n, r = s.world_size, s.rank
     parent, children = _tree(n, (r - root) % n, root)
     # receive from the parent, then forward to the children, farthest first
     rcv = s.recv(parent, len(raw), dst=raw) if parent is not None else None
-    sends = [s.send(c, raw, ready=0 if rcv is not None else None) for c in reversed(children)]
+    sends = [s.send(c, raw, ready=0 if rcv is not None or hold else None) for c in reversed(children)]
     if rcv is not None and sends:
         def on_frame(received, sends=sends, m=rcv):
             if received == m.nbytes:
                 for snd in sends:
                     snd.ready = m.nbytes
         rcv.on_frame = on_frame
+    return sends
 
 
-def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray) -> None:
+def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray, on_done=None) -> None:
     """Binomial tree toward ``root``; ``out`` (root: the caller's buffer, others:
-    a scratch copy) accumulates children's values in a fixed order."""
+    a scratch copy) accumulates children's values in a fixed order;
+    ``on_done()`` runs once they are combined into it."""
     n, r = s.world_size, s.rank
     parent, children = _tree(n, (r - root) % n, root)
     nbytes = flat.nbytes
@@ -148,6 +151,8 @@ def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray) -> No
                         red(out, out, buf)
                     if parent_send is not None:
                         parent_send.ready = nbytes
+                    if on_done is not None:
+                        on_done()
         return on_frame
     for m in recvs:
         m.on_frame = on_frame_factory(m)
@@ -160,36 +165,14 @@ def all_reduce_tree(s: Schedule, flat: np.ndarray, red) -> None:
     the job is large), the CPU the messages cost, not the rounds, sets the
     time (NCCL picks trees for small messages at scale too). Every rank ends
     with rank 0's bits; children are combined in a fixed order."""
-    n, r = s.world_size, s.rank
-    parent, children = _tree(n, r, 0)
-    nbytes = flat.nbytes
-    raw = byte_view(flat)
-    acc = flat if parent is None else flat.copy()  # a non-root sends its partial sum up; flat gets the result
-    rbufs = [np.empty_like(flat) for _ in children]
-    up = s.send(parent, byte_view(acc), ready=0 if children else None) if parent is not None else None
-    result = s.recv(parent, nbytes, dst=raw) if parent is not None else None
-    downs = [s.send(c, raw, ready=0) for c in reversed(children)]
-    ups = [s.recv(c, nbytes, dst=byte_view(buf)) for c, buf in zip(children, rbufs)]
-    state = {"left": len(children)}
+    # a non-root sends its partial sum up from a copy; flat gets the result
+    acc = flat if s.rank == 0 else flat.copy()
+    down = broadcast(s, byte_view(flat), 0, hold=True)
 
-    def release_down() -> None:
-        for m in downs:
-            m.ready = nbytes
-
-    def on_up(received: int, m) -> None:
-        if received == m.nbytes:
-            state["left"] -= 1
-            if state["left"] == 0:
-                for buf in rbufs:
-                    red(acc, acc, buf)
-                if up is not None:
-                    up.ready = nbytes
-                else:
-                    release_down()  # the root holds the result
-    for m in ups:
-        m.on_frame = lambda received, m=m: on_up(received, m)
-    if result is not None:
-        result.on_frame = lambda received, m=result: release_down() if received == m.nbytes else None
+    def release() -> None:
+        for m in down:
+            m.ready = flat.nbytes
+    reduce(s, flat, 0, red, acc, on_done=release if s.rank == 0 else None)
 
 
 def all_reduce_direct(s: Schedule, flat: np.ndarray, red) -> None:

@@ -51,8 +51,6 @@ WATCH_DEGRADED = 8
 
 
 class Engine:
-    WATCH_DEGRADED = WATCH_DEGRADED
-
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -153,6 +151,12 @@ class Engine:
     def touch(self, peer: PeerChannel) -> None:
         """``peer`` needs the timers (traffic, a state change)."""
         self.hot.add(peer)
+
+    def rail_lost(self, peer: PeerChannel) -> None:
+        """``peer`` lost a link: watch its remaining ones closely, while fewer
+        than WATCH_DEGRADED peers are (``PeerChannel._whole_again`` ends it)."""
+        if len(self.degraded_watch) < WATCH_DEGRADED:
+            self.degraded_watch.add(peer)
 
     def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         self.liveness.probe_failed(self.peers[peer_rank], rail, refused)

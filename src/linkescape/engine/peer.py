@@ -171,8 +171,7 @@ class PeerChannel:
         host = self.host
         host.down.add((self.rank, link.rail))
         host.touch(self)
-        if len(host.degraded_watch) < host.WATCH_DEGRADED:
-            host.degraded_watch.add(self)
+        host.rail_lost(self)
         self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
         self.tx.replay = True
         # A link parked on a frame ahead may have waited for this one.
