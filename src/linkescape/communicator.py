@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -115,6 +116,7 @@ class Communicator:
         self.world_size = world_size
         self._closed = False
         self._post_lock = threading.Lock()
+        self._call = threading.local()  # per-thread timeout of the calls in call_timeout()
         self._seq = 0
         self._p2p_seq = 0
         rails = list(rails) if rails else (list(self.config.rails) if self.config.rails else None)
@@ -194,6 +196,20 @@ class Communicator:
         return 50e-6 if local <= cores else 0.0
 
     # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: Optional[float]):
+        """Operations this thread posts inside the block time out after
+        ``seconds`` (``CommTimeout``) instead of ``config.timeout``; None
+        keeps the configured one. What torch's per-call ``timeout`` uses."""
+        if seconds is not None and not seconds > 0:
+            raise UsageError(f"timeout must be a positive number of seconds, got {seconds!r}")
+        before = getattr(self._call, "timeout", None)
+        self._call.timeout = seconds if seconds is not None else before
+        try:
+            yield
+        finally:
+            self._call.timeout = before
+
     def _check_open(self) -> None:
         if self._closed:
             raise CommClosed("communicator is closed")
@@ -237,7 +253,9 @@ class Communicator:
             else:
                 self._seq += 1
                 seq = msg = self._seq
-            deadline = time.monotonic() + (timeout if timeout is not None else self.config.timeout)
+            if timeout is None:
+                timeout = getattr(self._call, "timeout", None) or self.config.timeout
+            deadline = time.monotonic() + timeout
             op = Op(seq, name, deadline, collective=not p2p, need_ack=rooted)
             # The thresholds choose the schedule: ranks configured differently
             # must get a mismatch error, not wait for messages never sent.
@@ -293,12 +311,17 @@ class Communicator:
         # ranks on (4 ranks on 2 cores: 0.55-0.59x gloo against 0.63x).
         direct = n <= 3 and buf.nbytes * (n - 1) <= self.config.direct_bytes
         tree = small and n >= self.config.tree_ranks
+        # float16 and bfloat16 round at every step, so the order of the sums
+        # shows in the result: combine them in the order Gloo's ring does.
+        gloo_order = _ops.is_half(buf.dtype) and op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG)
 
         def build(s):
             if n == 1:
                 return
             if direct:
-                latency.all_reduce_direct(s, flat, red)
+                latency.all_reduce_direct(s, flat, red, gloo_order)
+            elif gloo_order:
+                ring.all_reduce_gloo_order(s, flat, red)
             elif tree:
                 latency.all_reduce_tree(s, flat, red)
             else:

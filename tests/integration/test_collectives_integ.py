@@ -13,6 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from collective_cases import DTYPES, SIZES, check_matrix, run_matrix  # noqa: E402
 
 from linkescape import Config  # noqa: E402
+from linkescape.algorithms.base import gloo_blocks  # noqa: E402
+from linkescape.ops import BFLOAT16  # noqa: E402
 from linkescape.testing import raise_first, run_ranks  # noqa: E402
 
 # Small segments so that small inputs reach the multi-chunk and ring paths.
@@ -54,6 +56,54 @@ def test_bit_identical_across_ranks_and_runs(world_size, tree_ranks):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     for a, b in zip(first[0], second[0]):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _half_sums(comm):
+    out = []
+    for dtype in (np.float16, BFLOAT16):
+        for count in (1, 3, 10, 37, 5001, 70_001):
+            rng = np.random.default_rng([count, comm.rank])
+            buf = ((rng.random(count) * 2 - 1) * 65504 / comm.world_size).astype(np.float32).astype(dtype)
+            mine = buf.copy()
+            comm.all_reduce(buf)
+            out.append((mine, buf))
+    return out
+
+
+def _gloo_ring(values):
+    """Gloo's ring, step by step: rank r sends to r-1; at step s it sends
+    chunk r+1+s (its own value at s = 0) and adds what r+1 sent into chunk
+    r+2+s, rounding to the half type at every addition."""
+    n = len(values)
+    bufs = [v.astype(v.dtype) for v in values]
+    bl = gloo_blocks(values[0].shape[0], values[0].dtype.itemsize, n)
+    for st in range(n - 1):
+        sent = [bufs[r][slice(*bl[(r + 1 + st) % n])].copy() for r in range(n)]
+        for r in range(n):
+            lo, hi = bl[(r + 2 + st) % n]
+            acc = bufs[r][lo:hi].astype(np.float32) + sent[(r + 1) % n].astype(np.float32)
+            bufs[r][lo:hi] = acc.astype(values[0].dtype)
+    return np.concatenate([bufs[k][slice(*bl[k])] for k in range(n)])
+
+
+def test_gloo_blocks():
+    assert gloo_blocks(40, 2, 4) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert gloo_blocks(10, 2, 3) == [(0, 4), (4, 8), (8, 10)]
+    assert gloo_blocks(1, 2, 4) == [(0, 1), (1, 1), (1, 1), (1, 1)]
+    assert gloo_blocks(0, 4, 2) == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+def test_half_all_reduce_rounds_in_gloos_order(world_size):
+    """float16 / bfloat16 SUM: what Gloo's ring gives, bit for bit, for sizes
+    below one element per rank, on the direct and ring paths (torch's own
+    comparison with Gloo: tests/torch/test_torch_gloo_exact.py)."""
+    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60)
+    results = raise_first(run_ranks(world_size, _half_sums, config=cfg))
+    for i in range(len(results[0])):
+        want = _gloo_ring([res[i][0] for res in results])
+        for res in results:
+            assert np.array_equal(res[i][1].view(np.uint8), want.view(np.uint8)), (i, res[i][1], want)
 
 
 def _default_config_large(comm):

@@ -28,6 +28,20 @@ def blocks(count: int, parts: int) -> List[tuple]:
     return [(i * count // parts, (i + 1) * count // parts) for i in range(parts)]
 
 
+def gloo_blocks(count: int, itemsize: int, parts: int) -> List[tuple]:
+    """Gloo's ring chunks: ``parts`` chunks of ``parts``-aligned segments of
+    ceil(bytes / 2·parts) bytes (element-rounded), the last ones short or
+    empty. Chunk ``k`` is reduced starting at rank k-1 and going down the ring
+    to rank k: ``((x[k-1] + x[k-2]) + ...) + x[k]``."""
+    total = count * itemsize
+    seg = -(-total // (2 * parts)) if total else itemsize
+    seg = -(-seg // itemsize) * itemsize
+    nseg = max(-(-total // seg), 2 * parts)
+    per = -(-nseg // parts)  # segments per chunk
+    elems = per * seg // itemsize
+    return [(min(k * elems, count), min((k + 1) * elems, count)) for k in range(parts)]
+
+
 class Schedule:
     """Builds one operation's messages. ``msg`` tags them (the collective's
     sequence number), ``sig`` carries what the ranks must agree on."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Schedule, byte_view
+from .base import Schedule, byte_view, gloo_blocks
 
 
 def _pow2_below(n: int) -> int:
@@ -175,10 +175,24 @@ def all_reduce_tree(s: Schedule, flat: np.ndarray, red) -> None:
     reduce(s, flat, 0, red, acc, on_done=release if s.rank == 0 else None)
 
 
-def all_reduce_direct(s: Schedule, flat: np.ndarray, red) -> None:
+def _reduce_gloo_order(flat: np.ndarray, vals, red) -> None:
+    """Every rank's value at hand: combine each of Gloo's ring chunks in the
+    order Gloo's ring does (chunk k: x[k-1], x[k-2], ..., x[k])."""
+    n = len(vals)
+    for k, (lo, hi) in enumerate(gloo_blocks(flat.shape[0], flat.dtype.itemsize, n)):
+        if lo == hi:
+            continue
+        out = flat[lo:hi]
+        red(out, vals[(k - 1) % n][lo:hi], vals[(k - 2) % n][lo:hi])
+        for j in range(3, n + 1):
+            red(out, out, vals[(k - j) % n][lo:hi])
+
+
+def all_reduce_direct(s: Schedule, flat: np.ndarray, red, gloo_order: bool = False) -> None:
     """One round: every rank sends its value to every other rank, then all
-    reduce the same values in rank order (identical bits everywhere). Best for
-    tiny messages, where the number of rounds, not bytes, sets the time."""
+    reduce the same values in rank order (identical bits everywhere), or in
+    the order of Gloo's ring (``gloo_order``). Best for tiny messages, where
+    the number of rounds, not bytes, sets the time."""
     n, r = s.world_size, s.rank
     nbytes = flat.nbytes
     mine = flat.copy()
@@ -197,6 +211,9 @@ def all_reduce_direct(s: Schedule, flat: np.ndarray, red) -> None:
         if received == m.nbytes:
             state["left"] -= 1
             if state["left"] == 0:
+                if gloo_order:
+                    _reduce_gloo_order(flat, vals, red)
+                    return
                 red(flat, vals[0], vals[1])
                 for q in range(2, n):
                     red(flat, flat, vals[q])

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Schedule, blocks, byte_view, follow, reduce_into
+from .base import Schedule, blocks, byte_view, follow, gloo_blocks, reduce_into
 
 
-def _rs_then_ag(s: Schedule, flat: np.ndarray, red, allgather: bool) -> None:
+def _rs_then_ag(s: Schedule, flat: np.ndarray, red, allgather: bool, d: int = 1, bl=None) -> None:
     """Reduce-scatter (rank r ends owning block r), optionally then all-gather,
-    in place on ``flat``."""
+    in place on ``flat``. Bytes go to rank r+d; block b is combined in the
+    order ``x[b+d], x[b+2d], ..., x[b]``."""
     n, r = s.world_size, s.rank
-    right, left = (r + 1) % n, (r - 1) % n
+    right, left = (r + d) % n, (r - d) % n
     isz = flat.dtype.itemsize
-    bl = blocks(flat.shape[0], n)
+    if bl is None:
+        bl = blocks(flat.shape[0], n)
     raw = byte_view(flat)
 
     def bview(b):
@@ -30,10 +32,10 @@ def _rs_then_ag(s: Schedule, flat: np.ndarray, red, allgather: bool) -> None:
     prev_recv = None
     steps = []
     for st in range(n - 1):  # reduce-scatter
-        steps.append(((r - st - 1) % n, (r - st - 2) % n, True))
+        steps.append(((r - d * (st + 1)) % n, (r - d * (st + 2)) % n, True))
     if allgather:
         for st in range(n - 1):
-            steps.append(((r - st) % n, (r - st - 1) % n, False))
+            steps.append(((r - d * st) % n, (r - d * (st + 1)) % n, False))
     for i, (sb, rb, reducing) in enumerate(steps):
         snd = s.send(right, bview(sb), ready=None if i == 0 else 0)
         if prev_recv is not None:
@@ -47,6 +49,14 @@ def _rs_then_ag(s: Schedule, flat: np.ndarray, red, allgather: bool) -> None:
 
 def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     _rs_then_ag(s, flat, red, allgather=True)
+
+
+def all_reduce_gloo_order(s: Schedule, flat: np.ndarray, red) -> None:
+    """The ring Gloo runs (bytes go to rank r-1, chunks cut as
+    :func:`gloo_blocks`), so every element is combined in Gloo's order: for
+    rounding types (float16, bfloat16) the result is Gloo's, bit for bit."""
+    bl = gloo_blocks(flat.shape[0], flat.dtype.itemsize, s.world_size)
+    _rs_then_ag(s, flat, red, allgather=True, d=-1, bl=bl)
 
 
 def reduce_scatter_inplace(s: Schedule, flat: np.ndarray, red) -> None:

@@ -197,6 +197,8 @@ def all_gather(comm, size: int, output_lists: List[List[torch.Tensor]], inputs: 
     k, first = len(inputs), inputs[0]
     outs = [t for lst in output_lists for t in lst]
     plan = Plan(outs)
+    if len(output_lists) > 1:
+        plan.value = [list(lst) for lst in output_lists]  # Gloo's future holds the lists
     for lst in output_lists:
         if len(lst) != size * k:
             raise UsageError(f"all_gather: each output list needs {size * k} tensors ({k} inputs x {size} ranks), "

@@ -23,11 +23,14 @@ from .convert import Staged
 class Plan:
     """The staging buffers, library calls and finish steps of one operation."""
 
-    __slots__ = ("outputs", "_calls", "_after", "keep")
+    __slots__ = ("outputs", "value", "_calls", "_after", "keep")
 
     def __init__(self, outputs: Sequence[torch.Tensor] = ()) -> None:
         #: tensors the work hands back (``result()``, the future's value)
         self.outputs: List[torch.Tensor] = list(outputs)
+        #: the future's value when it is not ``outputs`` (a list of lists,
+        #: as Gloo gives for all_gather with several output lists)
+        self.value: Optional[list] = None
         self._calls: List[Callable[[], object]] = []
         self._after: List[Callable[[], None]] = []
         #: buffers the library reads or writes: alive until the work completes

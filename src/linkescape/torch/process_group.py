@@ -207,15 +207,19 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
                 f"fork(); it cannot be used in the child {os.getpid()} (create process groups after fork)",
                 CommClosed("process group inherited through fork"), rank=self._le_rank, group=self._group_name)
 
-    def _start(self, name: str, build: Callable[[], Plan], collective: bool = True, source=-1) -> LinkEscapeWork:
-        """Build the plan, post its library operations, return the work."""
+    def _start(self, name: str, build: Callable[[], Plan], collective: bool = True, source=-1,
+               timeout: Optional[float] = None) -> LinkEscapeWork:
+        """Build the plan, post its library operations, return the work.
+        ``timeout`` (seconds, the call's own) bounds these operations instead
+        of the group's timeout, as Gloo enforces a per-call timeout."""
         self._check()
         if collective and self._lost:
             exc = next(iter(self._lost.values()))
             raise wrap_error(exc, name, self._le_rank, self._group_name, self._global_ranks) from exc
         try:
-            plan = build()
-            parts = plan.start()
+            with self._comm.call_timeout(timeout):
+                plan = build()
+                parts = plan.start()
         except UsageError:
             raise
         except LinkEscapeError as exc:
@@ -224,7 +228,8 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         if callable(source):
             source = source(parts)
         work = LinkEscapeWork(name, parts, plan.outputs, plan.finish(), rank=self._le_rank, group=self._group_name,
-                              global_ranks=self._global_ranks, keep=plan.keep, source_rank=source)
+                              global_ranks=self._global_ranks, keep=plan.keep, source_rank=source,
+                              value=plan.value)
         if collective and self._le_size > 1:
             self._track(work)
         else:
@@ -296,13 +301,16 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         red = reduce_op(args.reduce_op_of(opts, op))
         comm, rank, size = self._comm, self._le_rank, self._le_size
         if sparse.is_sparse(ts):
-            return self._start("all_reduce", lambda: sparse.all_reduce(comm, rank, size, ts, red))
-        return self._start("all_reduce", lambda: collectives.all_reduce(comm, size, ts, red))
+            return self._start("all_reduce", lambda: sparse.all_reduce(comm, rank, size, ts, red),
+                               timeout=args.timeout_of(opts, timeout))
+        return self._start("all_reduce", lambda: collectives.all_reduce(comm, size, ts, red),
+                           timeout=args.timeout_of(opts, timeout))
 
     def allreduce_coalesced(self, tensors, opts=None) -> LinkEscapeWork:
         ts = args.tensor_list(tensors, "all_reduce_coalesced")
         red = reduce_op(args.reduce_op_of(opts))
-        return self._start("all_reduce_coalesced", lambda: collectives.all_reduce_coalesced(self._comm, ts, red))
+        return self._start("all_reduce_coalesced", lambda: collectives.all_reduce_coalesced(self._comm, ts, red),
+                           timeout=args.timeout_of(opts))
 
     # ------------------------------------------------------------ rooted
     def broadcast(self, tensors=None, opts=None, timeout=None, *, tensor=None, root=None) -> LinkEscapeWork:
@@ -310,14 +318,16 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         ts = args.tensor_list(tensors if tensors is not None else tensor, "broadcast")
         r = self._root(args.root_of(opts, root))
         first = int(getattr(opts, "rootTensor", 0) or 0)
-        return self._start("broadcast", lambda: collectives.broadcast(self._comm, self._le_rank, ts, r, first))
+        return self._start("broadcast", lambda: collectives.broadcast(self._comm, self._le_rank, ts, r, first),
+                           timeout=args.timeout_of(opts, timeout))
 
     def reduce(self, tensors=None, opts=None, op=None, timeout=None, *, tensor=None, root=None) -> LinkEscapeWork:
         """``reduce(tensors, opts)``, ``reduce(tensor, root, op=, timeout=)``."""
         ts = args.tensor_list(tensors if tensors is not None else tensor, "reduce")
         r = self._root(args.root_of(opts, root))
         red = reduce_op(args.reduce_op_of(None if isinstance(opts, int) else opts, op))
-        return self._start("reduce", lambda: collectives.reduce(self._comm, self._le_rank, ts, r, red))
+        return self._start("reduce", lambda: collectives.reduce(self._comm, self._le_rank, ts, r, red),
+                           timeout=args.timeout_of(opts, timeout))
 
     def gather(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, input_tensor=None,
                root=None) -> LinkEscapeWork:
@@ -336,7 +346,8 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             outs = args.tensor_list(lists[0], "gather") if lists else []
         r = self._root(args.root_of(opts, root))
         comm, rank, size = self._comm, self._le_rank, self._le_size
-        return self._start("gather", lambda: collectives.gather(comm, rank, size, outs, inp, r))
+        return self._start("gather", lambda: collectives.gather(comm, rank, size, outs, inp, r),
+                           timeout=args.timeout_of(opts, timeout))
 
     def scatter(self, output_tensors=None, input_tensors=None, opts=None, timeout=None, *, output_tensor=None,
                 root=None) -> LinkEscapeWork:
@@ -355,7 +366,8 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             ins = args.tensor_list(lists[0], "scatter") if lists else []
         r = self._root(args.root_of(opts, root))
         comm, rank, size = self._comm, self._le_rank, self._le_size
-        return self._start("scatter", lambda: collectives.scatter(comm, rank, size, out, ins, r))
+        return self._start("scatter", lambda: collectives.scatter(comm, rank, size, out, ins, r),
+                           timeout=args.timeout_of(opts, timeout))
 
     # ------------------------------------------------------------ all_gather
     def allgather(self, output_tensors, input_tensors=None, opts=None, *, input_tensor=None,
@@ -368,15 +380,17 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             ins = args.tensor_list(input_tensors, "all_gather")
             lists = [args.tensor_list(o, "all_gather") for o in output_tensors]
         comm, size = self._comm, self._le_size
-        return self._start("all_gather", lambda: collectives.all_gather(comm, size, lists, ins))
+        return self._start("all_gather", lambda: collectives.all_gather(comm, size, lists, ins),
+                           timeout=args.timeout_of(opts, timeout))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> LinkEscapeWork:
         lists = [args.tensor_list(o, "all_gather_coalesced") for o in output_lists]
         ins = args.tensor_list(input_list, "all_gather_coalesced")
         comm, size = self._comm, self._le_size
-        return self._start("all_gather_coalesced", lambda: collectives.all_gather_coalesced(comm, size, lists, ins))
+        return self._start("all_gather_coalesced", lambda: collectives.all_gather_coalesced(comm, size, lists, ins),
+                           timeout=args.timeout_of(opts))
 
-    def _gather_tensors(self, name: str, outputs, inputs) -> LinkEscapeWork:
+    def _gather_tensors(self, name: str, outputs, inputs, opts=None) -> LinkEscapeWork:
         pairs = args.flat_pairs(args.tensor_list(outputs, name), args.tensor_list(inputs, name), name)
         comm, size = self._comm, self._le_size
 
@@ -385,10 +399,10 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             for o, i in pairs:
                 collectives.all_gather_into_tensor(comm, plan, size, o, i)
             return plan
-        return self._start(name, build)
+        return self._start(name, build, timeout=args.timeout_of(opts))
 
     def all_gather_single(self, output, input, opts=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
-        return self._gather_tensors("all_gather_into_tensor", [output], [input])
+        return self._gather_tensors("all_gather_into_tensor", [output], [input], opts)
 
     def _allgather_base(self, output, input, opts=None) -> LinkEscapeWork:  # noqa: A002
         return self.all_gather_single(output, input, opts)
@@ -396,7 +410,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
     allgather_into_tensor = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> LinkEscapeWork:
-        return self._gather_tensors("all_gather_into_tensor_coalesced", outputs, inputs)
+        return self._gather_tensors("all_gather_into_tensor_coalesced", outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -417,7 +431,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         def build() -> Plan:
             plans = [collectives.reduce_scatter(comm, rank, size, o, ins, red) for o, ins in pairs]
             return plans[0] if len(plans) == 1 else _merge(plans)
-        return self._start("reduce_scatter", build)
+        return self._start("reduce_scatter", build, timeout=args.timeout_of(opts, timeout))
 
     def _scatter_tensors(self, name: str, outputs, inputs, opts) -> LinkEscapeWork:
         pairs = args.flat_pairs(args.tensor_list(outputs, name), args.tensor_list(inputs, name), name)
@@ -429,7 +443,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             for o, i in pairs:
                 collectives.reduce_scatter_tensor(comm, plan, size, o, i, red)
             return plan
-        return self._start(name, build)
+        return self._start(name, build, timeout=args.timeout_of(opts))
 
     def reduce_scatter_single(self, outputTensor, inputTensor, opts=None) -> LinkEscapeWork:  # noqa: N803
         return self._scatter_tensors("reduce_scatter_tensor", [outputTensor], [inputTensor], opts)
@@ -448,7 +462,8 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         outs = args.tensor_list(output_tensors if output_tensors is not None else output, "all_to_all")
         ins = args.tensor_list(input_tensors if input_tensors is not None else input, "all_to_all")
         comm, rank, size, tag = self._comm, self._le_rank, self._le_size, self._reserved_tag()
-        return self._start("all_to_all", lambda: exchange.all_to_all(comm, rank, size, outs, ins, tag))
+        return self._start("all_to_all", lambda: exchange.all_to_all(comm, rank, size, outs, ins, tag),
+                           timeout=args.timeout_of(opts, timeout))
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None,
                           timeout=None) -> LinkEscapeWork:  # noqa: A002 - torch's name
@@ -457,7 +472,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         comm, rank, size = self._comm, self._le_rank, self._le_size
         tag = self._reserved_tag() if (out_splits or in_splits) else 0
         return self._start("all_to_all_single", lambda: exchange.all_to_all_single(
-            comm, rank, size, output, input, out_splits, in_splits, tag))
+            comm, rank, size, output, input, out_splits, in_splits, tag), timeout=args.timeout_of(opts, timeout))
 
     alltoall_base = all_to_all_single
 
@@ -467,7 +482,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
             plan = Plan()
             plan.issue(lambda: self._comm.barrier(async_op=True))
             return plan
-        return self._start("barrier", build)
+        return self._start("barrier", build, timeout=args.timeout_of(opts, timeout))
 
     def send(self, tensors, dstRank=None, tag: int = 0, *, dst=None) -> LinkEscapeWork:  # noqa: N803
         ts = args.tensor_list(tensors, "send")

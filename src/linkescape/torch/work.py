@@ -242,11 +242,13 @@ class LinkEscapeWork(dist.Work):
 
     def __init__(self, name: str, parts: Sequence, outputs: List[torch.Tensor],
                  finish: Optional[Callable[[], None]] = None, *, rank: int = -1, group: str = "",
-                 global_ranks: Optional[Sequence[int]] = None, keep=None, source_rank: int = -1) -> None:
+                 global_ranks: Optional[Sequence[int]] = None, keep=None, source_rank: int = -1,
+                 value: Optional[list] = None) -> None:
         super().__init__()
         self._name = name
         self._parts = list(parts)
         self._outputs = list(outputs)
+        self._value = value  # the future's value, when not the outputs
         self._finish = finish
         self._rank = rank
         self._group = group
@@ -323,7 +325,7 @@ class LinkEscapeWork(dist.Work):
             if self._error is not None:
                 self._future.set_exception(self._error)
             else:
-                self._future.set_result(self._outputs)
+                self._future.set_result(self._outputs if self._value is None else self._value)
         except Exception:  # noqa: BLE001 - a user callback on the future raised
             log.exception("a callback on the future of %s failed", self._name)
         self._done.set()
