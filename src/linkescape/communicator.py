@@ -17,9 +17,14 @@ from . import ops as _ops
 from .algorithms import exchange, latency, ring
 from .algorithms.base import Schedule, check_message_size, byte_view
 from .config import Config
+from .engine.beacon import Beacon
 from .engine.core import Engine
+from .engine.recovery import Recovery
 from .engine.link import Link
 from .engine.messages import ANY_SOURCE, InMessage, Op, OutMessage
+from .events import EventLog
+from .flight import FlightRecorder, watch_signal
+from .log import setup_logging
 from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
@@ -109,8 +114,6 @@ class Communicator:
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise InvalidRank(rank, world_size)
         self.config = config or Config.from_env()
-        from .log import setup_logging
-
         setup_logging(rank)
         self.rank = rank
         self.world_size = world_size
@@ -122,8 +125,6 @@ class Communicator:
         rails = list(rails) if rails else (list(self.config.rails) if self.config.rails else None)
         self.rail_addrs, self.rail_ifnames = resolve_rails(rails, store)
         self.rails = [n or a for n, a in zip(self.rail_ifnames, self.rail_addrs)]
-        from .events import EventLog
-
         self.events = EventLog(rank, self.config.events)
         self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
         self._setup = None
@@ -137,9 +138,6 @@ class Communicator:
 
     def _attach_observers(self) -> None:
         """The flight recorder (LINKESCAPE_TRACE_BUFFER) and the metrics server (LINKESCAPE_METRICS_PORT)."""
-        from .flight import FlightRecorder, watch_signal
-        from .metrics_server import attach
-
         self._flight = self._flight_post = None
         if self.config.trace_buffer:
             job = getattr(self, "job", b"") or b""
@@ -148,7 +146,11 @@ class Communicator:
                                           job=job.decode("ascii", "replace").rstrip("\0"), rails=self.rails)
             self._flight_post = self._flight.post_lock(self._post_lock)
             watch_signal(self._flight)
-        self._metrics = attach(self, self._flight)
+        self._metrics = None
+        if self.config.metrics_port is not None:  # prometheus_client is imported only then
+            from .metrics_server import attach
+
+            self._metrics = attach(self, self._flight)
 
     def _connect(self, store) -> None:
         deadline = time.monotonic() + min(self.config.connect_timeout, self.config.timeout)
@@ -169,14 +171,10 @@ class Communicator:
             link = Link(sock, peer, rail, 1, status, now)
             status.apply(Ev.CONNECTED, now)
             self._engine.add_link(link)
-        from .engine.recovery import Recovery
-
         # Recovery waits on the acceptor (not the bare listeners): incoming
         # connections are authenticated without blocking its thread.
         self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, [setup.acceptor], peers, job,
                                   self.config, store=store)
-        from .engine.beacon import Beacon
-
         # liveness and root causes through the store (the management network)
         self._beacon = Beacon(self._engine, store)
         self._engine.liveness.beacon = self._beacon

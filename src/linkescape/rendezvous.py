@@ -14,10 +14,12 @@ dialer learns it from the acceptor's REJECT, and records it in the store
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -38,7 +40,7 @@ KEY_ADDR = "linkescape/addr/{rank}"
 KEY_SECRET = auth.KEY_SECRET + "/{job}"
 KEY_AUTH_FAILED = "linkescape/auth_failed/{job}"
 #: start-up dials in flight at once
-DIAL_PARALLEL = 16
+DIAL_PARALLEL = 64
 
 
 # ------------------------------------------------------------------ rails
@@ -103,6 +105,26 @@ def _store_get(store, key: str, deadline: float, waiting_for: int):
     return store.get(key)
 
 
+def _get_all(store, keys: List[str], deadline: float) -> Optional[list]:
+    """Every key's value in two store calls (wait for all, then multi_get)
+    where the store has both (torch's stores); None where it has not, or
+    when some key is still missing at the deadline (the caller then finds
+    which, key by key)."""
+    wait, multi_get = getattr(store, "wait", None), getattr(store, "multi_get", None)
+    if not keys or wait is None or multi_get is None:
+        return None
+    try:
+        wait(keys, datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+    except Exception as exc:  # noqa: BLE001 - a timeout, or a store that cannot wait
+        log.debug("store.wait for %d keys failed (%s); asking key by key", len(keys), exc)
+        return None
+    try:
+        return list(multi_get(keys))
+    except Exception as exc:  # noqa: BLE001 - a store without a working multi_get
+        log.debug("store.multi_get failed (%s); asking key by key", exc)
+        return [store.get(k) for k in keys]
+
+
 def _decode(value) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
@@ -117,11 +139,12 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
     store.set(KEY_ADDR.format(rank=rank), json.dumps([f"{a}:{p}" for a, p in my_addrs]))
     peers: Dict[int, List[Tuple[str, int]]] = {}
     missing = []
-    for p in range(world_size):
-        if p == rank:
-            continue
+    others = [p for p in range(world_size) if p != rank]
+    values = _get_all(store, [KEY_ADDR.format(rank=p) for p in others], deadline)
+    for i, p in enumerate(others):
         try:
-            raw = json.loads(_decode(_store_get(store, KEY_ADDR.format(rank=p), deadline, p)))
+            value = values[i] if values is not None else _store_get(store, KEY_ADDR.format(rank=p), deadline, p)
+            raw = json.loads(_decode(value))
         except RendezvousError:
             missing.append(p)
             continue
@@ -289,48 +312,90 @@ class LinkSetup:
 
     def _dial_all(self, peers: Dict[int, List[Tuple[str, int]]], nr: int, deadline: float,
                   out: Dict[Tuple[int, int], socket.socket]) -> None:
-        """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time:
-        a dial mostly waits for the peer (its accept, its proof), so one at a
-        time made start-up grow with N x the round trip."""
+        """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time,
+        all from this thread: each dial is a non-blocking socket and its
+        handshake, advanced when ``select`` finds it ready (a dial mostly
+        waits for the peer, so one at a time made start-up grow with N x the
+        round trip, and a thread per dial cost more than the dial). A dial
+        that fails (refused, reset, no answer in 10 s) is retried with
+        backoff until ``deadline``; a key mismatch stops them all."""
         todo = [(p, rail) for p in range(self.rank) for rail in range(nr)]
-        if not todo:
-            return
-        from concurrent.futures import ThreadPoolExecutor
+        todo.reverse()  # popped from the end: lowest rank first
+        retry_at: Dict[Tuple[int, int], float] = {}
+        delays: Dict[Tuple[int, int], float] = {}
+        live: Dict[int, Tuple[Tuple[int, int], tcp.Dial]] = {}
+        waiting: List[Tuple[int, int]] = []
+        try:
+            while todo or live or waiting:
+                now = time.monotonic()
+                for key in [k for k in waiting if retry_at[k] <= now]:
+                    waiting.remove(key)
+                    todo.append(key)
+                while todo and len(live) < DIAL_PARALLEL:
+                    key = todo.pop()
+                    try:
+                        dial = self._start_dial(key, peers, deadline)
+                    except OSError as exc:
+                        self._dial_failed(key, exc, peers, deadline, retry_at, delays, waiting)
+                        continue
+                    if dial.done:  # a near peer: established in the first step
+                        out[key] = dial.sock
+                        continue
+                    live[dial.fileno()] = (key, dial)
+                if not live:
+                    if waiting:
+                        time.sleep(max(0.0, min(retry_at[k] for k in waiting) - time.monotonic()))
+                    continue
+                poller = select.poll()  # not select(): descriptors past 1024 at large N
+                for fd, (_k, d) in live.items():
+                    poller.register(fd, select.POLLIN | (select.POLLOUT if d.wants_write else 0))
+                soonest = min((retry_at[k] for k in waiting), default=now + 0.05)
+                ready = {fd for fd, _ev in poller.poll(1000 * max(0.0, min(0.05, soonest - now)))}
+                now = time.monotonic()
+                for fd in list(live):
+                    key, dial = live[fd]
+                    if fd not in ready and now <= dial.deadline:
+                        continue
+                    try:
+                        done = dial.step(now)
+                    except AuthError as exc:
+                        self._report_auth_failure(exc)
+                        if self._abort is None:
+                            self._abort = exc
+                        raise
+                    except (OSError, HandshakeError) as exc:
+                        del live[fd]
+                        dial.close()
+                        self._dial_failed(key, exc, peers, deadline, retry_at, delays, waiting)
+                        continue
+                    if done:
+                        del live[fd]
+                        out[key] = dial.sock
+                if self._abort is not None:
+                    raise self._abort
+        finally:
+            for _key, dial in live.values():
+                dial.close()
 
-        with ThreadPoolExecutor(max_workers=min(DIAL_PARALLEL, len(todo)),
-                                thread_name_prefix=f"linkescape-dial0-{self.rank}") as pool:
-            futures = {pool.submit(self._connect, p, rail, peers[p][rail], deadline): (p, rail)
-                       for p, rail in todo}
-            error: Optional[BaseException] = None
-            for fut, key in futures.items():
-                try:
-                    out[key] = fut.result()
-                except BaseException as exc:  # noqa: BLE001 - the first error is raised, the rest closed
-                    if error is None or isinstance(exc, AuthError) and not isinstance(error, AuthError):
-                        error = exc
-            if error is not None:
-                raise error
+    def _start_dial(self, key: Tuple[int, int], peers, deadline: float) -> "tcp.Dial":
+        peer, rail = key
+        attempt = min(deadline, time.monotonic() + 10.0)
+        hs = self.auth.dialer(peer, rail, 1, 1, attempt)
+        return tcp.Dial(self.rail_addrs[rail], peers[peer][rail], hs, self.config, attempt)
 
-    def _connect(self, peer: int, rail: int, addr: Tuple[str, int], deadline: float) -> socket.socket:
-        delay = 0.01
-        while True:
-            try:
-                attempt = min(deadline, time.monotonic() + 10.0)
-                hs = self.auth.dialer(peer, rail, 1, 1, attempt)
-                sock, _est = tcp.connect(self.rail_addrs[rail], addr, hs, self.config, attempt)
-                return sock
-            except AuthError as exc:
-                self._report_auth_failure(exc)
-                if self._abort is None:
-                    self._abort = exc  # the other dials in flight stop at their next retry
-                raise
-            except (OSError, HandshakeError) as exc:
-                self._check_flag()
-                if time.monotonic() + delay > deadline:
-                    raise RendezvousError(f"rank {self.rank} could not reach rank {peer} on rail {rail} "
-                                          f"at {addr[0]}:{addr[1]}: {exc}", missing=[peer]) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+    def _dial_failed(self, key: Tuple[int, int], exc: BaseException, peers, deadline: float,
+                     retry_at: Dict, delays: Dict, waiting: List) -> None:
+        """Retry ``key`` after a backoff, or raise once the deadline would pass."""
+        self._check_flag()
+        peer, rail = key
+        delay = delays.get(key, 0.01)
+        if time.monotonic() + delay > deadline:
+            addr = peers[peer][rail]
+            raise RendezvousError(f"rank {self.rank} could not reach rank {peer} on rail {rail} "
+                                  f"at {addr[0]}:{addr[1]}: {exc}", missing=[peer]) from exc
+        delays[key] = min(delay * 2, 0.5)
+        retry_at[key] = time.monotonic() + delay
+        waiting.append(key)
 
     def close(self) -> None:
         if self.acceptor is not None:

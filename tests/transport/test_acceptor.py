@@ -201,13 +201,35 @@ def test_pending_handshakes_are_bounded_and_a_dial_still_gets_through(harness):
         s.close()
 
 
+#: where the attackers come from: another host than the job's dialer (on one
+#: address, the flood's closed connections would share ports and TIME_WAIT
+#: state with the dialer's, and the kernel's port reuse, not the acceptor,
+#: would decide whether the dial gets through)
+ATTACKER = "127.0.0.3"
+
+
+def _attacker_conn(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # ports picked per 4-tuple at connect: a flood must not use up the
+        # machine's ephemeral ports (the dialer's own connect would fail)
+        s.setsockopt(socket.IPPROTO_IP, tcp.IP_BIND_ADDRESS_NO_PORT, 1)
+        s.bind((ATTACKER, 0))
+        s.settimeout(1)
+        s.connect(addr)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 def _flood(addr, seconds, counter):
     """connect and close as fast as possible"""
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
         try:
-            s = socket.create_connection(addr, timeout=1)
+            s = _attacker_conn(addr)
             s.close()
             n += 1
         except OSError:
@@ -220,7 +242,7 @@ def _slowloris(addr, conns, seconds):
     socks = []
     for _ in range(conns):
         try:
-            socks.append(socket.create_connection(addr, timeout=1))
+            socks.append(_attacker_conn(addr))
         except OSError:
             pass
     end = time.monotonic() + seconds
@@ -231,7 +253,7 @@ def _slowloris(addr, conns, seconds):
             except OSError:
                 socks.remove(s)
                 try:
-                    socks.append(socket.create_connection(addr, timeout=1))  # and come back
+                    socks.append(_attacker_conn(addr))  # and back
                 except OSError:
                     pass
         time.sleep(1.0)
@@ -258,6 +280,7 @@ def test_dials_get_through_floods_and_slow_handshakes(harness):
             assert est.epoch == epoch
             sock.close()
             dialed += 1
+            time.sleep(0.01)  # hundreds of dials, not thousands of TIME_WAIT ports
     finally:
         for p in attackers:
             p.join(10)

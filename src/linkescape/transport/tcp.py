@@ -3,13 +3,16 @@
 A link is one TCP connection between two ranks on one rail (rail i to rail i).
 The higher rank connects to the lower one and speaks first (the handshake:
 protocol/handshake.py; the accepting side: acceptor.py). Sockets are
-non-blocking once handed to the engine; ``connect`` blocks with a deadline.
+non-blocking; a ``Dial`` advances one connect and handshake whenever its
+socket is ready (start-up runs many from one thread), ``connect`` waits for
+one with a deadline.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import time
 from typing import Optional, Tuple
@@ -22,6 +25,7 @@ log = logging.getLogger("linkescape.transport")
 
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
 
 def tune(sock: socket.socket, config: Config) -> None:
@@ -102,46 +106,119 @@ def listen(address: str, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-def _recv_upto(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """At most ``n`` bytes, at least one (the handshake asks for exactly what
-    it needs, so nothing that follows it is read)."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise socket.timeout("handshake timed out")
-    sock.settimeout(remaining)
-    chunk = sock.recv(n)
-    if not chunk:
-        raise ConnectionResetError(errno.ECONNRESET, "connection closed during handshake")
-    return chunk
-
-
 def connect(local: str, remote: Tuple[str, int], handshake: DialerHandshake, config: Config,
             deadline: float) -> Tuple[socket.socket, Established]:
     """Open a link and run the handshake as the dialing side (blocking, with
-    a deadline). Returns a non-blocking socket. Raises OSError (unreachable,
-    refused, timed out, closed by the acceptor), HandshakeError (refused, or a
-    malformed answer) or AuthError (the key proof failed on either side)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    a deadline): one :class:`Dial`, waited on alone. Returns a non-blocking
+    socket. Raises OSError (unreachable, refused, timed out, closed by the
+    acceptor), HandshakeError (refused, or a malformed answer) or AuthError
+    (the key proof failed on either side)."""
+    dial = Dial(local, remote, handshake, config, deadline)
     try:
-        tune(sock, config)
-        sock.bind((local, 0))
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        sock.connect(remote)
-        while True:
-            out = handshake.data_to_send()
-            if out:
-                sock.settimeout(max(0.001, deadline - time.monotonic()))
-                sock.sendall(out)
-            if handshake.done:
-                break
-            event = handshake.receive_data(_recv_upto(sock, handshake.want(), deadline), time.monotonic())
-            if isinstance(event, Established):
-                established = event
-        sock.setblocking(False)
-        return sock, established
+        poller = select.poll()
+        while not dial.step(time.monotonic()):
+            poller.register(dial.fileno(), select.POLLIN | (select.POLLOUT if dial.wants_write else 0))
+            poller.poll(max(1.0, 1000 * (deadline - time.monotonic())))
+        return dial.sock, dial.established
     except BaseException:
-        sock.close()
+        dial.close()
         raise
+
+
+class Dial:
+    """One non-blocking dial: connect, then the dialing side of the
+    handshake, advanced by :meth:`step` whenever the socket is ready (many
+    dials share one thread and one ``select``). ``step`` returns True once
+    established (the socket is then the link's), and raises as ``connect``
+    does; :meth:`close` drops a dial that will not finish."""
+
+    def __init__(self, local: str, remote: Tuple[str, int], handshake: DialerHandshake, config: Config,
+                 deadline: float) -> None:
+        self.handshake = handshake
+        self.deadline = deadline
+        self.connected = False
+        self.established: Optional[Established] = None
+        self._out = b""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            tune(sock, config)
+            try:
+                # the port is picked at connect, for the whole 4-tuple: a
+                # port bound first may clash with a TIME_WAIT connection to
+                # the same peer (EADDRINUSE), and binding first spends one
+                # ephemeral port per link, not per (link, peer address)
+                sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+            except OSError:
+                pass
+            sock.bind((local, 0))
+            sock.setblocking(False)
+            err = sock.connect_ex(remote)
+            if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+                raise OSError(err, f"connect to {remote[0]}:{remote[1]}: {errno.errorcode.get(err, err)}")
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        # On a near link (loopback, one switch) the connection is up already:
+        # send the HELLO now, so an acceptor that is being flooded finds this
+        # dial advanced at once (it evicts connections with no HELLO first).
+        try:
+            self.step(time.monotonic())
+        except BaseException:
+            sock.close()
+            raise
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def done(self) -> bool:
+        """Established, and everything of ours sent."""
+        return self.handshake.done and not self._out
+
+    @property
+    def wants_write(self) -> bool:
+        return not self.connected or bool(self._out)
+
+    def step(self, now: float) -> bool:
+        if self.done:
+            return True  # done already (near peers can finish in the first step)
+        if now > self.deadline:
+            raise socket.timeout("dial timed out")
+        hs = self.handshake
+        if not self.connected:
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
+            try:
+                self.sock.getpeername()
+            except OSError:
+                return False  # still connecting
+            self.connected = True
+        while True:
+            self._out += hs.data_to_send()
+            if self._out:
+                try:
+                    sent = self.sock.send(self._out)
+                except (BlockingIOError, InterruptedError):
+                    return False
+                self._out = self._out[sent:]
+                if self._out:
+                    return False
+            if hs.done:
+                return True
+            try:
+                chunk = self.sock.recv(hs.want())
+            except (BlockingIOError, InterruptedError):
+                return False
+            if not chunk:
+                raise ConnectionResetError(errno.ECONNRESET, "connection closed during handshake")
+            event = hs.receive_data(chunk, now)
+            if isinstance(event, Established):
+                self.established = event
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def route_source(host: str) -> str:
@@ -154,7 +231,7 @@ def route_source(host: str) -> str:
         probe.close()
 
 
-__all__ = ["tune", "ack_silence", "listen", "connect", "route_source", "HandshakeError", "AuthError"]
+__all__ = ["tune", "ack_silence", "listen", "connect", "Dial", "route_source", "HandshakeError", "AuthError"]
 
 
 def tcp_sample(sock: socket.socket, now: float):
