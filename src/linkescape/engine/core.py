@@ -44,8 +44,13 @@ log = logging.getLogger("linkescape.engine")
 
 #: seconds between two goodput samples of the links (grey failure)
 GREY_INTERVAL = 0.1
-#: timer cadence while some peer is hot (silence checks, heartbeats, parked links, acks)
+#: timer cadence while a fault is handled with some hot peer (no path, EOF,
+#: a rail held out, parked or stashed frames)
 TICK = 0.01
+#: the longest the timers sleep while some peer is hot and healthy: owed
+#: acks go out then (need_ack operations ask for theirs at once); silence
+#: checks and heartbeats are scheduled for when they are due
+TICK_IDLE = 0.04
 #: peers with a rail down whose remaining links carry heartbeats (the rest: the probe budget)
 WATCH_DEGRADED = 8
 
@@ -324,8 +329,8 @@ class Engine:
             self.ops.check_all(now)
         if now >= self.next_timer:
             self._timers(now)
-        elif hot and self.next_timer - now > TICK:
-            self.next_timer = now + TICK
+        elif hot and self.next_timer - now > TICK_IDLE:
+            self.next_timer = now + TICK_IDLE
 
     def _timers(self, now: float) -> None:
         # If this rank ran later than its timers were due by more than the
@@ -335,8 +340,11 @@ class Engine:
         # would mean never finding a silent link there.)
         blind = now - self.next_timer > self.config.silent_timeout
         hot = self.hot
+        soon = now + TICK_IDLE
         for peer in list(hot):
-            peer.tick(now, blind)
+            soon = peer.tick(now, blind, soon)
+            if peer.handling():
+                soon = min(soon, now + TICK)
             if peer.no_path_since is not None:
                 self.liveness.check(peer, now)
             else:
@@ -351,7 +359,7 @@ class Engine:
             self._probe(due, now)
         for peer in [p for p in hot if p.quiet(now)]:
             hot.discard(peer)
-        self.next_timer = now + TICK if hot else self.probes.next_at
+        self.next_timer = max(soon, now + 0.001) if hot else self.probes.next_at
 
     def _probe(self, due, now: float) -> None:
         """The probe budget is due: look at the last probe's acknowledgement

@@ -41,7 +41,7 @@ class LinkClosed(Exception):
 class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
                  "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
-                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "grey",
+                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "silent_at", "grey",
                  "parked_at", "frames_sent", "frames_received")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
@@ -64,6 +64,8 @@ class Link:
         self.staging: Optional[memoryview] = None
         #: when our bytes were first seen waiting for the peer's kernel ack
         self.pending_since: Optional[float] = None
+        #: when the timers look at this link's silence next (bytes pending)
+        self.silent_at = float("inf")
         self.last_sent = now
         self.bytes_sent = 0
         self.bytes_received = 0

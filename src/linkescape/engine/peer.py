@@ -375,13 +375,16 @@ class PeerChannel:
             link.pending_since = now
         return True
 
-    def tick(self, now: float, blind: bool) -> None:
+    def tick(self, now: float, blind: bool, due: float) -> float:
         """Silent-loss detection on every live link of this (hot) peer,
         heartbeats on them while an operation's traffic is pending (or the
         rail is held out: its cleanliness is judged from them); a link
-        parked for long is read on into the stash."""
+        parked for long is read on into the stash. Returns when this peer
+        next needs the timers (``due`` if nothing is sooner): the moment a
+        link's silence could pass the timeout, the next heartbeat."""
         self.rx.stash_parked(now)
-        hb = self.host.config.heartbeat_interval
+        cfg = self.host.config
+        hb = cfg.heartbeat_interval
         engaged = self.engaged() or self in self.host.degraded_watch
         for link in self.links:
             if link is None or link.status.state is not State.UP:
@@ -393,9 +396,24 @@ class PeerChannel:
                 # the other end would find out only at its own next check
                 self.notify(Kind.NOTIFY_SILENT, link.rail)
                 continue
-            if ((engaged or self.avoid >> link.rail & 1) and now - link.last_sent >= hb
-                    and not link.out):
+            beats = engaged or self.avoid >> link.rail & 1
+            if beats and now - link.last_sent >= hb and not link.out:
                 self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+            if link.pending_since is not None:
+                due = min(due, link.silent_at)
+            if beats:
+                # (a link with bytes queued beats once they are out)
+                due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
+        return due
+
+    def handling(self) -> bool:
+        """A fault is being handled with this peer (no path, EOF, a rail
+        held out, frames stashed or parked, a link not up): the timers keep
+        their fine cadence for it."""
+        if (self.no_path_since is not None or self.eof_since is not None or self.avoid or self.peer_avoid
+                or self.rx.stash):
+            return True
+        return any(link is None or link.parked or link.status.state is not State.UP for link in self.links)
 
     def hold_sample(self, link: Link, now: float, retrans_segs: int) -> None:
         """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
@@ -427,12 +445,17 @@ class PeerChannel:
             silent = ack_silence(link.sock)
         except OSError:
             silent = None
+        timeout = self.host.config.silent_timeout
         if silent is None or blind:
             link.pending_since = None if silent is None else now
+            link.silent_at = now + timeout
             return False
         if link.pending_since is None:
             link.pending_since = now
-        return min(silent, now - link.pending_since) > self.host.config.silent_timeout
+        quiet_for = min(silent, now - link.pending_since)
+        # the earliest this silence can pass the timeout: check again then
+        link.silent_at = now + max(timeout - quiet_for, 0.001)
+        return quiet_for > timeout
 
     def failback(self, now: float) -> None:
         """Move traffic back to a better rail once it is eligible again."""

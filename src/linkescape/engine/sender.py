@@ -108,6 +108,7 @@ class Sender:
             # bytes of ours wait for the peer kernel's ack from now: the peer
             # stays hot (watched) until a silence check saw them acknowledged
             link.pending_since = now
+            link.silent_at = now + self.peer.host.config.silent_timeout
         want = POLLIN if emptied else POLLIN | POLLOUT
         if link.parked:
             want &= ~POLLIN
