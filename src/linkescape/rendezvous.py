@@ -314,7 +314,7 @@ class LinkSetup:
                   out: Dict[Tuple[int, int], socket.socket]) -> None:
         """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time,
         all from this thread: each dial is a non-blocking socket and its
-        handshake, advanced when ``select`` finds it ready (a dial mostly
+        handshake, advanced when ``poll`` finds it ready (a dial mostly
         waits for the peer, so one at a time made start-up grow with N x the
         round trip, and a thread per dial cost more than the dial). A dial
         that fails (refused, reset, no answer in 10 s) is retried with
@@ -335,7 +335,10 @@ class LinkSetup:
                     key = todo.pop()
                     try:
                         dial = self._start_dial(key, peers, deadline)
-                    except OSError as exc:
+                    except AuthError as exc:  # a near acceptor answered in the first step
+                        self._auth_failed(exc)
+                        raise
+                    except (OSError, HandshakeError) as exc:
                         self._dial_failed(key, exc, peers, deadline, retry_at, delays, waiting)
                         continue
                     if dial.done:  # a near peer: established in the first step
@@ -359,9 +362,7 @@ class LinkSetup:
                     try:
                         done = dial.step(now)
                     except AuthError as exc:
-                        self._report_auth_failure(exc)
-                        if self._abort is None:
-                            self._abort = exc
+                        self._auth_failed(exc)
                         raise
                     except (OSError, HandshakeError) as exc:
                         del live[fd]
@@ -376,6 +377,11 @@ class LinkSetup:
         finally:
             for _key, dial in live.values():
                 dial.close()
+
+    def _auth_failed(self, exc: AuthError) -> None:
+        self._report_auth_failure(exc)
+        if self._abort is None:
+            self._abort = exc
 
     def _start_dial(self, key: Tuple[int, int], peers, deadline: float) -> "tcp.Dial":
         peer, rail = key
