@@ -128,7 +128,7 @@ def connect(local: str, remote: Tuple[str, int], handshake: DialerHandshake, con
 class Dial:
     """One non-blocking dial: connect, then the dialing side of the
     handshake, advanced by :meth:`step` whenever the socket is ready (many
-    dials share one thread and one ``select``). ``step`` returns True once
+    dials share one thread and one ``poll``). ``step`` returns True once
     established (the socket is then the link's), and raises as ``connect``
     does; :meth:`close` drops a dial that will not finish."""
 
@@ -145,8 +145,8 @@ class Dial:
             try:
                 # the port is picked at connect, for the whole 4-tuple: a
                 # port bound first may clash with a TIME_WAIT connection to
-                # the same peer (EADDRINUSE), and binding first spends one
-                # ephemeral port per link, not per (link, peer address)
+                # the same peer (EADDRINUSE), and it is taken from every
+                # destination's share of the ephemeral range, not one
                 sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
             except OSError:
                 pass
