@@ -214,3 +214,138 @@ def test_config_reads_the_variables():
                      ("LINKESCAPE_TRACE_BUFFER", "-1"), ("LINKESCAPE_TRACE_BUFFER", "many")):
         with pytest.raises(ConfigError):
             Config.from_env({var: bad})
+
+
+# ------------------------------------------------------------------ no client can hang anything (issue 17, item 5)
+def _trickle(port, seconds, period=0.1, stop=None, text=b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 500):
+    """A slowloris client: one byte every ``period``; returns how long the
+    server let it go on (until it closed the connection, or ``seconds``)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    t0 = time.monotonic()
+    try:
+        for b in text:
+            if time.monotonic() - t0 > seconds or (stop is not None and stop.is_set()):
+                break
+            s.send(bytes([b]))
+            time.sleep(period)
+    except OSError:  # cut off by the server
+        pass
+    finally:
+        s.close()
+    return time.monotonic() - t0
+
+
+def _slow_clients(port, n, seconds, period=0.1):
+    stop = threading.Event()
+    threads = [threading.Thread(target=_trickle, args=(port, seconds, period, stop), daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return stop, threads
+
+
+def test_a_slow_client_does_not_block_metrics_or_healthz_for_another():
+    from linkescape.metrics_server import MetricsServer
+
+    server = MetricsServer(0)
+    stop, threads = _slow_clients(server.port, 3, 6.0)
+    try:
+        time.sleep(0.3)  # the slow clients are in the middle of their requests
+        for path in ("/healthz", "/metrics", "/snapshot", "/healthz"):
+            t0 = time.monotonic()
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=3).read()
+            assert time.monotonic() - t0 < 1.0, path
+    finally:
+        stop.set()
+        server.close()
+        for t in threads:
+            t.join(10)
+
+
+def test_a_request_has_a_whole_request_deadline():
+    from linkescape.metrics_server import MetricsServer
+
+    server = MetricsServer(0, request_deadline=1.0)
+    try:
+        lasted = _trickle(server.port, 8.0)  # a byte each 0.1 s: every read is quick, the request never ends
+        assert 0.8 < lasted < 3.0, lasted
+        # and a client that connects and says nothing is closed as well
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        t0 = time.monotonic()
+        assert s.recv(100) == b"" and time.monotonic() - t0 < 3.0
+        s.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("how", ["close", "abort"])
+def test_close_and_abort_return_within_a_second_whatever_a_client_does(tmp_path, how):
+    base = free_base(1)
+    comm = Communicator(FileStore(str(tmp_path / "s")), 0, 1, config=Config(metrics_port=base))
+    stop, threads = _slow_clients(base, 3, 8.0)
+    idle = socket.create_connection(("127.0.0.1", base), timeout=5)  # connected, silent
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        getattr(comm, how)()
+        took = time.monotonic() - t0
+        assert took < 1.0, took
+        assert servers() == []
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{base}/healthz", timeout=2)
+    finally:
+        stop.set()
+        idle.close()
+        comm.abort()
+        for t in threads:
+            t.join(10)
+
+
+class _Comm:
+    """What the metrics server needs of a communicator. Its snapshot takes
+    an "engine lock", as Communicator.snapshot() does, and counts itself."""
+
+    def __init__(self, port):
+        self.config = Config(metrics_port=port)
+        self.rank, self.world_size, self.job, self.events = 0, 1, b"job-of-the-test", None
+        self.lock = threading.Lock()
+        self.taken = []
+
+    def snapshot(self):
+        with self.lock:
+            self.taken.append(time.monotonic())
+            return {"rank": 0, "world_size": 1, "rail_names": ["127.0.0.1"], "ops_pending": 0, "peers": {
+                1: {"primary": 0, "links": [{"rail": 0, "usable": True, "state": "up", "bytes_sent": 5}]}}}
+
+
+def test_snapshots_are_taken_at_most_twice_a_second_and_the_engine_lock_stays_free():
+    from linkescape.metrics_server import attach
+
+    comm = _Comm(free_base(1))
+    reg = attach(comm)
+    base = reg.port
+    try:
+        errors, bodies = [], []
+
+        def scrape_many(path):
+            try:
+                for _ in range(10):
+                    bodies.append(urllib.request.urlopen(f"http://127.0.0.1:{base}{path}", timeout=3).read())
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+        scrapers = [threading.Thread(target=scrape_many, args=(p,)) for p in ("/snapshot", "/metrics") * 3]
+        t0 = time.monotonic()
+        for t in scrapers:
+            t.start()
+        # while clients scrape, the engine lock is free
+        assert comm.lock.acquire(timeout=0.5)
+        comm.lock.release()
+        for t in scrapers:
+            t.join(20)
+        took = time.monotonic() - t0
+        assert errors == [] and len(bodies) == 60
+        assert all(b"linkescape_link_up" in b or b'"rank": 0' in b for b in bodies)
+        # 60 requests: at most one snapshot per 0.5 s (and the first), not one each
+        assert 1 <= len(comm.taken) <= 2 + int(took / 0.5), (len(comm.taken), took)
+    finally:
+        reg.close()
+    assert servers() == []

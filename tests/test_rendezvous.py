@@ -105,3 +105,47 @@ def test_start_up_dials_retry_then_name_the_peer_they_cannot_reach():
         assert 0.2 < time.monotonic() - t0 < 5  # retried with backoff (0.01 s doubling) until the deadline, not at once
     finally:
         setup.close()
+
+
+@pytest.mark.parametrize("swapped_for", ["dialer", "acceptor"])
+def test_rails_swapped_in_the_store_never_become_crossed_links(swapped_for):
+    """A store that lists a rank's rail addresses in the wrong order (a
+    rewritten store, a launcher's mistake): the dial for rail 0 would reach
+    the rail-1 listener (or come from the address the acceptor expects on
+    rail 1) and become "rail 0" on the wrong NIC. Start-up fails instead,
+    naming the peer, with a RailMismatch as the cause; no link is made."""
+    import threading
+
+    from linkescape.errors import RailMismatch
+
+    cfg = Config(auth_key="k" * 32)
+    setups = [rendezvous.LinkSetup(0, 2, ["127.0.0.1", "127.0.0.2"], cfg),
+              rendezvous.LinkSetup(1, 2, ["127.0.0.3", "127.0.0.4"], cfg)]
+    try:
+        true = {0: setups[0].addresses, 1: setups[1].addresses}
+        views = {0: {1: true[1]}, 1: {0: true[0]}}
+        if swapped_for == "dialer":  # rank 1 dials rank 0's rail-1 listener for rail 0
+            views[1] = {0: true[0][::-1]}
+        else:  # rank 0 expects rank 1's rail-0 dial from its rail-1 address
+            views[0] = {1: true[1][::-1]}
+        results = {}
+
+        def run(rank):
+            try:
+                results[rank] = setups[rank].connect_all(b"job0", views[rank], time.monotonic() + 1.5)
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                results[rank] = exc
+        threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert isinstance(results[1], RendezvousError) and list(results[1].missing) == [0], results
+        assert isinstance(results[1].__cause__, RailMismatch), results[1].__cause__
+        assert isinstance(results[0], RendezvousError) and list(results[0].missing) == [1], results
+        assert setups[0].acceptor.rejected_by.get("route", 0) >= 1 and not setups[0].accepted
+    finally:
+        for s in setups:
+            for sock in (s.accepted or {}).values():
+                sock.close()
+            s.close()

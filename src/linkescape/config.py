@@ -15,6 +15,12 @@ from typing import Mapping, Optional, Tuple
 from .errors import ConfigError
 
 POLICIES = ("active-backup", "stripe")
+#: LINKESCAPE_AUTH: "optional" (without a key, the per-job secret from the
+#: store) or "required" (no start without LINKESCAPE_AUTH_KEY[_FILE])
+AUTH_MODES = ("optional", "required")
+#: variables whose empty value is a value (an error), not "unset": an empty
+#: key, e.g. from ``$(cat missing)``, must never mean "no key"
+_EMPTY_IS_SET = ("LINKESCAPE_AUTH_KEY", "LINKESCAPE_AUTH_KEY_FILE")
 
 
 def _parse_rails(text: str) -> Tuple[str, ...]:
@@ -129,6 +135,7 @@ _ENV = {
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
     "LINKESCAPE_AUTH_KEY": ("auth_key", lambda v, n: v),
     "LINKESCAPE_AUTH_KEY_FILE": ("auth_key_file", lambda v, n: v),
+    "LINKESCAPE_AUTH": ("auth", lambda v, n: v.strip().lower()),
     "LINKESCAPE_HANDSHAKE_TIMEOUT_MS": ("handshake_timeout", _millis),
     "LINKESCAPE_MAX_PENDING_HANDSHAKES": ("max_pending_handshakes", lambda v, n: _count(v, n)),
     "LINKESCAPE_MAX_FRAME_BYTES": ("max_frame_bytes", _size),
@@ -187,6 +194,9 @@ class Config:
     auth_key: Optional[str] = field(default=None, repr=False)
     #: a file holding the key (alternative to ``auth_key``)
     auth_key_file: Optional[str] = None
+    #: "required": refuse to start without auth_key or auth_key_file;
+    #: "optional": without them, the per-job secret from the store
+    auth: str = "optional"
     #: an incoming connection must finish the link handshake within this long
     handshake_timeout: float = 2.0
     #: incoming handshakes in progress at once; a new one evicts the least
@@ -215,6 +225,15 @@ class Config:
                 raise ConfigError(f"{name} must be positive")
         if self.auth_key is not None and self.auth_key_file is not None:
             raise ConfigError("set LINKESCAPE_AUTH_KEY or LINKESCAPE_AUTH_KEY_FILE, not both")
+        if self.auth_key is not None and not self.auth_key.strip():
+            raise ConfigError("LINKESCAPE_AUTH_KEY is set but empty or blank: give it the job's key, or unset it")
+        if self.auth_key_file is not None and not self.auth_key_file.strip():
+            raise ConfigError("LINKESCAPE_AUTH_KEY_FILE is set but empty: name the key file, or unset it")
+        if self.auth not in AUTH_MODES:
+            raise ConfigError(f"LINKESCAPE_AUTH={self.auth!r} is not one of {AUTH_MODES}")
+        if self.auth == "required" and self.auth_key is None and self.auth_key_file is None:
+            raise ConfigError("LINKESCAPE_AUTH=required, but no key is set: give every rank the same key with "
+                              "LINKESCAPE_AUTH_KEY_FILE=FILE (mode 0600) or LINKESCAPE_AUTH_KEY")
         if self.handshake_timeout <= 0:
             raise ConfigError("handshake_timeout must be positive")
         if self.max_pending_handshakes is not None and self.max_pending_handshakes < 1:
@@ -230,7 +249,7 @@ class Config:
         values = {}
         for var, (name, parse) in _ENV.items():
             raw = env.get(var)
-            if raw is not None and raw != "":
+            if raw is not None and (raw != "" or var in _EMPTY_IS_SET):
                 values[name] = parse(raw, var)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

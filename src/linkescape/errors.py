@@ -76,6 +76,30 @@ class AuthError(HandshakeError):
         self.rail = rail
 
 
+class UnverifiedReject(AuthError):
+    """The acceptor answered a dial with a REJECT whose MAC does not verify
+    with our key: a forged REJECT (whoever can write into the connection), or
+    an acceptor that holds another key. The dialer cannot tell which, and
+    says so. ``reason`` is the reason code the REJECT claims."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None, rail: Optional[int] = None,
+                 reason: Optional[str] = None):
+        super().__init__(message, peer=peer, rail=rail)
+        self.reason = reason
+
+
+class RailMismatch(HandshakeError):
+    """A link arrived where its rail says it must not: on the listener of
+    another rail, or from an address that is not the claimed rank's address
+    on that rail (a mis-routed dial would make "rail r" a link on the wrong
+    NIC). ``peer`` and ``rail`` are the link's rank and rail as claimed."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None, rail: Optional[int] = None):
+        super().__init__(message)
+        self.peer = peer
+        self.rail = rail
+
+
 class ProtocolError(LinkEscapeError):
     """A peer sent something that breaks the wire protocol."""
 

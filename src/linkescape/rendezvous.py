@@ -10,6 +10,13 @@ fails the handshake is closed, counted and never disturbs the job.
 A key mismatch fails start-up at once with ``AuthError`` naming the rank: the
 dialer learns it from the acceptor's REJECT, and records it in the store
 (``linkescape/auth_failed/<job>``) so that the ranks waiting for it stop too.
+A REJECT that does not verify with the dialer's key is a forged REJECT or an
+acceptor with another key, and the dialer cannot tell which: it says so
+(``UnverifiedReject``, an ``AuthError``: "rejected (unverified)").
+
+The acceptor knows every peer's rail addresses from the store exchange: a
+dial for (rank, rail) must arrive on this rank's listener of that rail, from
+that rank's address on that rail (``RailMismatch`` otherwise).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import auth
 from .config import Config
-from .errors import AuthError, ConfigError, HandshakeError, RendezvousError
+from .errors import AuthError, ConfigError, HandshakeError, RailMismatch, RendezvousError
 from .protocol.handshake import LinkAuth
 from .transport import tcp
 from .transport.acceptor import Acceptor
@@ -229,8 +236,9 @@ class LinkSetup:
             return
         if who == self.rank:
             return
-        self._abort = AuthError(f"rank {who} could not authenticate its link to rank {peer}: the ranks hold "
-                                f"different keys (LINKESCAPE_AUTH_KEY / LINKESCAPE_AUTH_KEY_FILE)", peer=who)
+        self._abort = AuthError(f"rank {who} reports through the store that it could not authenticate its link to "
+                                f"rank {peer}: different keys (LINKESCAPE_AUTH_KEY / LINKESCAPE_AUTH_KEY_FILE), "
+                                f"or a forged REJECT", peer=who)
         raise self._abort
 
     # ------------------------------------------------------------ accepting
@@ -278,7 +286,7 @@ class LinkSetup:
             secret = job_secret(store, job, deadline)
         key, _source = auth.link_key(self.config, secret, self.rank)
         self.auth = LinkAuth(key, job, self.rank, self.world_size, nr)
-        self.acceptor = Acceptor(self.listeners, self.auth, self.config)
+        self.acceptor = Acceptor(self.listeners, self.auth, self.config, peer_addrs=peers)
         expected_in = (self.world_size - 1 - self.rank) * nr
         stop = threading.Event()
         acceptor = threading.Thread(target=self._accept_loop, args=(expected_in, deadline, stop), daemon=True,
@@ -394,6 +402,9 @@ class LinkSetup:
         """Retry ``key`` after a backoff, or raise once the deadline would pass."""
         self._check_flag()
         peer, rail = key
+        if isinstance(exc, RailMismatch) and key not in delays:  # said at once: retrying rarely mends a route
+            log.warning("rank %d: the link to rank %d on rail %d is mis-routed (%s); retrying until the "
+                        "connect deadline", self.rank, peer, rail, exc)
         delay = delays.get(key, 0.01)
         if time.monotonic() + delay > deadline:
             addr = peers[peer][rail]

@@ -20,7 +20,8 @@ import pytest
 
 from linkescape import AuthError, Communicator, Config, FileStore
 from linkescape.protocol.frames import Kind, pack_header
-from linkescape.protocol.handshake import (CHALLENGE, MAGIC, PROOF, Hello, Msg, decode_messages, proof)
+from linkescape.protocol.handshake import (CHALLENGE, MAGIC, PROOF, VERSION, Hello, Msg, decode_messages, hello_mac,
+                                           proof)
 from linkescape.rendezvous import KEY_ADDR, KEY_JOB, KEY_SECRET
 from linkescape.testing import raise_first, run_ranks
 
@@ -136,10 +137,13 @@ def _forger(n, store_dir):
         for r in range(n):
             claimed = n - 1 if r < n - 1 else 0  # a real rank that may dial r (or, for the top rank, one that may not)
             for rail, addr in enumerate(addrs[r]):
-                for style in ("v2-secret", "v2-random", "v1", "raw"):
+                for style in ("secret", "random", "v1", "raw"):
                     s = socket.create_connection(addr, timeout=10)
                     nonce = secrets.token_bytes(32)
                     hello = Hello(claimed, r, rail, 1 << 30, 1 << 40, job, nonce)
+                    # the HELLO's own MAC: with the per-job secret (the best a store reader has), or random
+                    hello = Hello(claimed, r, rail, 1 << 30, 1 << 40, job, nonce,
+                                  mac=hello_mac(secret, hello) if style == "secret" else secrets.token_bytes(32))
                     if style == "raw":
                         _send(s, frame)
                     elif style == "v1":  # the handshake of old: a Hello answered by a Hello
@@ -154,8 +158,8 @@ def _forger(n, store_dir):
                         if len(got) == CHALLENGE.size:
                             nonce_a = CHALLENGE.unpack(got)[3]
                             mac = (proof(secret, b"dial", job, nonce, nonce_a, claimed, r, rail, 1 << 30, 1 << 40)
-                                   if style == "v2-secret" else secrets.token_bytes(32))
-                            _send(s, PROOF.pack(MAGIC, 2, Msg.PROOF, mac) + frame)
+                                   if style == "secret" else secrets.token_bytes(32))
+                            _send(s, PROOF.pack(MAGIC, VERSION, Msg.PROOF, mac) + frame)
                     rest, closed = _read_until_closed(s)
                     s.close()
                     try:
@@ -224,13 +228,13 @@ def _fuzzer(n, store_dir, seconds):
             if what == 0:
                 _send(s, _mutate(rng, hello))
             elif what == 1:
-                _send(s, _mutate(rng, hello + PROOF.pack(MAGIC, 2, Msg.PROOF, bytes(32)) + frames))
+                _send(s, _mutate(rng, hello + PROOF.pack(MAGIC, VERSION, Msg.PROOF, bytes(32)) + frames))
             elif what == 2:  # a well-formed hello, then a mutated proof and frames
                 _send(s, hello)
                 s.settimeout(5)
                 got = s.recv(CHALLENGE.size)
                 if len(got) == CHALLENGE.size:
-                    _send(s, _mutate(rng, PROOF.pack(MAGIC, 2, Msg.PROOF, rng.randbytes(32)) + frames))
+                    _send(s, _mutate(rng, PROOF.pack(MAGIC, VERSION, Msg.PROOF, rng.randbytes(32)) + frames))
             else:
                 _send(s, _mutate(rng, frames))
             if rng.random() < 0.9:  # most say they are done; the rest leave the rank waiting for its deadline
@@ -242,7 +246,7 @@ def _fuzzer(n, store_dir, seconds):
             else:
                 rest, _closed = _read_until_closed(s, timeout=0.05)
             s.close()
-            if b"".join([MAGIC.to_bytes(4, "little"), (2).to_bytes(2, "little"),
+            if b"".join([MAGIC.to_bytes(4, "little"), VERSION.to_bytes(2, "little"),
                          int(Msg.ACCEPT).to_bytes(2, "little")]) in rest:
                 accepted += 1
         except OSError:

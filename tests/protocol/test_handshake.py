@@ -7,11 +7,11 @@ import struct
 
 import pytest
 
-from linkescape.errors import AuthError, HandshakeError
+from linkescape.errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
 from linkescape.protocol import frames
-from linkescape.protocol.handshake import (ACCEPT, CHALLENGE, HELLO_SIZE, MAX_MESSAGE, PROOF, REJECT, VERSION,
+from linkescape.protocol.handshake import (ACCEPT, CHALLENGE, HELLO_SIZE, MAGIC, MAX_MESSAGE, PROOF, REJECT, VERSION,
                                            AcceptorHandshake, DialerHandshake, Established, Hello, LinkAuth, Msg,
-                                           Proved, Reject, decode_messages)
+                                           Proved, Reject, decode_messages, hello_mac, reject_mac)
 
 KEY = b"k" * 32
 JOB = b"0123456789abcdef0123456789abcdef"
@@ -75,23 +75,24 @@ def test_the_key_never_crosses_the_wire():
 
 
 def test_acceptor_reveals_nothing_before_the_dialer_proved_the_key():
-    d, a = dialer(key=b"wrong key" * 4), acceptor()
+    d, a = dialer(), acceptor()
     a.receive_data(d.data_to_send(), 0.0)
     challenge = a.data_to_send()
     # the challenge is a fresh nonce and nothing else: no epoch, no expected, no proof
     assert len(challenge) == CHALLENGE.size
     magic, version, kind, nonce = CHALLENGE.unpack(challenge)
     assert (kind, version) == (Msg.CHALLENGE, VERSION) and nonce == a.nonce_a
-    d.receive_data(challenge, 0.0)
+    # a HELLO without the key gets no challenge at all: a REJECT on arrival
+    d, a = dialer(key=b"wrong key" * 4), acceptor()
     with pytest.raises(AuthError) as err:
         a.receive_data(d.data_to_send(), 0.0)
-    assert err.value.peer == 2 and err.value.rail == 1
+    assert err.value.peer == 2 and err.value.rail == 1 and a.progress != 1
     rest = a.data_to_send()
-    assert REJECT.unpack(rest)[2:] == (Msg.REJECT, Reject.BAD_PROOF)
-    # the dialer learns it was its key, naming the rank it dialed
-    with pytest.raises(AuthError) as err:
+    assert len(rest) == REJECT.size and REJECT.unpack(rest)[2:4] == (Msg.REJECT, Reject.BAD_PROOF)
+    # the dialer cannot verify a REJECT made with another key: it says so, naming the rank it dialed
+    with pytest.raises(UnverifiedReject) as err:
         d.receive_data(rest, 0.0)
-    assert err.value.peer == 0
+    assert isinstance(err.value, AuthError) and err.value.peer == 0 and "unverified" in str(err.value)
     with pytest.raises(HandshakeError):
         a.admit(1)  # a failed handshake never admits
 
@@ -108,15 +109,21 @@ def test_a_recorded_handshake_fails_on_a_new_connection():
 
 
 @pytest.mark.parametrize("field,offset", [("src", 8), ("rail", 16), ("epoch", 20), ("expected", 24),
-                                          ("nonce", 64)])
-def test_every_hello_field_is_covered_by_the_proof(field, offset):
+                                          ("nonce", 64), ("mac", 96)])
+def test_every_hello_field_is_covered_by_the_hello_mac(field, offset):
     d, a = dialer(src=3), acceptor()
     hello = bytearray(d.data_to_send())
-    hello[offset] ^= 1  # src 3 -> 2, still a valid dialer: only the proof can tell
-    a.receive_data(bytes(hello), 0.0)
-    d.receive_data(a.data_to_send(), 0.0)
+    hello[offset] ^= 1  # src 3 -> 2, still a valid dialer: only the MAC can tell
     with pytest.raises(AuthError):
-        a.receive_data(d.data_to_send(), 0.0)
+        a.receive_data(bytes(hello), 0.0)
+    # and by the proof, for an acceptor that would let the HELLO through
+    d, a = dialer(src=3), acceptor()
+    a.receive_data(d.data_to_send(), 0.0)
+    a.hello = Hello.unpack(bytes(hello)) if field != "mac" else a.hello
+    d.receive_data(a.data_to_send(), 0.0)
+    if field != "mac":
+        with pytest.raises(AuthError):
+            a.receive_data(d.data_to_send(), 0.0)
 
 
 def test_acceptor_proof_is_checked_and_cannot_be_reflected():
@@ -142,16 +149,16 @@ def test_acceptor_proof_is_checked_and_cannot_be_reflected():
 
 def test_impostor_acceptor_with_another_key_is_caught_by_the_dialer():
     d, a = dialer(), acceptor(key=b"other" * 8)
-    a.receive_data(d.data_to_send(), 0.0)
-    d.receive_data(a.data_to_send(), 0.0)
     with pytest.raises(AuthError):
         a.receive_data(d.data_to_send(), 0.0)  # the acceptor fails the dialer first...
     # ...and were it to accept anyway, its proof would fail at the dialer
     e = AcceptorHandshake(b"other" * 8, JOB, 0, 4, 2, 10.0)
     d2 = dialer()
-    e.receive_data(d2.data_to_send(), 0.0)
-    d2.receive_data(e.data_to_send(), 0.0)
-    e.state, e.hello = "deciding", e.hello  # skip its (failing) check of the dialer
+    hello = d2.data_to_send()
+    e.hello = Hello.unpack(hello)  # skip its (failing) checks of the dialer
+    e.state = "deciding"
+    e.nonce_a = bytes(32)
+    d2.receive_data(CHALLENGE.pack(MAGIC, VERSION, Msg.CHALLENGE, e.nonce_a), 0.0)
     e.admit(1)
     with pytest.raises(AuthError) as err:
         d2.receive_data(e.data_to_send(), 0.0)
@@ -180,7 +187,10 @@ def test_bad_hello_is_rejected_without_a_challenge(hello_kw, why):
         a.receive_data(d.data_to_send(), 0.0)
     assert not isinstance(err.value, AuthError)
     out = a.data_to_send()
-    assert REJECT.unpack(out)[2:] == (Msg.REJECT, Reject.BAD_HELLO)
+    assert REJECT.unpack(out)[2:4] == (Msg.REJECT, Reject.BAD_HELLO)
+    with pytest.raises(HandshakeError) as err:  # the dialer verifies it: a plain refusal, not a key matter
+        d.receive_data(out, 0.0)
+    assert not isinstance(err.value, AuthError)
 
 
 def test_deadline():
@@ -252,3 +262,114 @@ def test_decode_messages_splits_a_transcript():
     assert [k for k, _ in msgs] == [Msg.HELLO, Msg.CHALLENGE, Msg.PROOF, Msg.ACCEPT]
     with pytest.raises(HandshakeError):
         decode_messages(b"\x00" * 8)
+
+
+# ------------------------------------------------------------------ REJECT: verified or not (issue 17, item 6)
+def _forged_reject(reason, mac=bytes(32)):
+    return REJECT.pack(MAGIC, VERSION, Msg.REJECT, int(reason), mac)
+
+
+@pytest.mark.parametrize("reason", list(Reject))
+def test_a_forged_reject_is_unverified_never_a_diagnosis(reason):
+    """Whoever can write into the connection can send a REJECT; without the
+    key it cannot make one that verifies, and the dialer says it cannot
+    tell a forged REJECT from different keys."""
+    for when in ("before the challenge", "after the proof"):
+        d, a = dialer(), acceptor()
+        a.receive_data(d.data_to_send(), 0.0)
+        if when == "after the proof":
+            d.receive_data(a.data_to_send(), 0.0)
+            d.data_to_send()
+        for mac in (bytes(32), b"\x5a" * 32):
+            d2 = DialerHandshake(KEY, JOB, 2, 0, 1, 5, 17, 10.0, nonce=d.hello.nonce)
+            d2.data_to_send()
+            if when == "after the proof":
+                d2.receive_data(CHALLENGE.pack(MAGIC, VERSION, Msg.CHALLENGE, a.nonce_a), 0.0)
+            with pytest.raises(UnverifiedReject) as err:
+                d2.receive_data(_forged_reject(reason, mac), 0.0)
+            assert "unverified" in str(err.value) and "different keys" in str(err.value)
+            assert err.value.peer == 0 and err.value.rail == 1 and err.value.reason == reason.name
+
+
+def test_a_reject_replayed_from_another_dial_is_unverified():
+    d, a = dialer(key=KEY), acceptor()
+    a.receive_data(d.data_to_send(), 0.0)
+    d.receive_data(a.data_to_send(), 0.0)
+    a.receive_data(d.data_to_send(), 0.0)
+    a.refuse("stale epoch")
+    genuine = a.data_to_send()  # verifies for d, whose nonce it is bound to...
+    d2 = dialer()
+    d2.data_to_send()
+    with pytest.raises(UnverifiedReject):  # ...and for no other dial
+        d2.receive_data(genuine, 0.0)
+    assert reject_mac(KEY, d.hello, Reject.REFUSED) == REJECT.unpack(genuine)[4]
+
+
+def test_a_reject_from_an_acceptor_with_our_key_is_verified_and_says_what_it_is():
+    # REFUSED after the proof: a refusal, not a key matter
+    d, a = dialer(), acceptor()
+    a.receive_data(d.data_to_send(), 0.0)
+    d.receive_data(a.data_to_send(), 0.0)
+    a.receive_data(d.data_to_send(), 0.0)
+    a.refuse("stale epoch")
+    with pytest.raises(HandshakeError) as err:
+        d.receive_data(a.data_to_send(), 0.0)
+    assert not isinstance(err.value, AuthError) and "unverified" not in str(err.value)
+    # BAD_PROOF that verifies: the acceptor holds our key, so the proof was altered on the way
+    d, a = dialer(), acceptor()
+    a.receive_data(d.data_to_send(), 0.0)
+    d.receive_data(a.data_to_send(), 0.0)
+    prf = bytearray(d.data_to_send())
+    prf[-1] ^= 1
+    with pytest.raises(AuthError):
+        a.receive_data(bytes(prf), 0.0)
+    with pytest.raises(HandshakeError) as err:
+        d.receive_data(a.data_to_send(), 0.0)
+    assert not isinstance(err.value, AuthError) and "unverified" not in str(err.value)
+
+
+def test_a_key_mismatch_is_reported_as_unverified_with_both_causes():
+    """The dialer cannot verify a REJECT made with another key: a key
+    mismatch stays an AuthError (start-up stops, naming the rank), worded
+    as what it knows."""
+    d, a = dialer(key=b"one key, not the other one......"), acceptor(key=b"the other key, not the one......")
+    with pytest.raises(AuthError):
+        a.receive_data(d.data_to_send(), 0.0)
+    with pytest.raises(UnverifiedReject) as err:
+        d.receive_data(a.data_to_send(), 0.0)
+    assert isinstance(err.value, AuthError) and err.value.peer == 0 and "unverified" in str(err.value)
+
+
+def test_the_hello_mac_is_the_key_over_every_field():
+    d = dialer()
+    hello = Hello.unpack(d.data_to_send())
+    assert hello.mac == hello_mac(KEY, hello) != hello_mac(b"x" * 32, hello)
+    assert hello.mac != hello_mac(KEY, Hello(hello.src, hello.dst, hello.rail, hello.epoch + 1, hello.expected,
+                                             hello.job, hello.nonce))
+
+
+def test_a_route_check_rejects_a_misrouted_dial_and_the_dialer_verifies_it():
+    seen = []
+
+    def route(hello):
+        seen.append((hello.src, hello.rail))
+        if hello.rail != 0:
+            raise RailMismatch(f"rail {hello.rail} on the rail-0 listener", peer=hello.src, rail=hello.rail)
+
+    d = dialer(rail=1)
+    a = AcceptorHandshake(KEY, JOB, 0, 4, 2, 10.0, route=route)
+    with pytest.raises(RailMismatch):
+        a.receive_data(d.data_to_send(), 0.0)
+    out = a.data_to_send()
+    assert REJECT.unpack(out)[2:4] == (Msg.REJECT, Reject.BAD_ROUTE) and seen == [(2, 1)]
+    with pytest.raises(RailMismatch) as err:
+        d.receive_data(out, 0.0)
+    assert (err.value.peer, err.value.rail) == (0, 1) and not isinstance(err.value, AuthError)
+    # the check runs only for a HELLO that showed the key: a stranger learns nothing from it
+    stranger = dialer(key=b"x" * 32, rail=1)
+    with pytest.raises(AuthError):
+        AcceptorHandshake(KEY, JOB, 0, 4, 2, 10.0, route=route).receive_data(stranger.data_to_send(), 0.0)
+    assert seen == [(2, 1)]
+    # a dial on the right rail goes through
+    d_est, a_est, _, _ = run(dialer(rail=0), AcceptorHandshake(KEY, JOB, 0, 4, 2, 10.0, route=route))
+    assert d_est.rail == a_est.rail == 0

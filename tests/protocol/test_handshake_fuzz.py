@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import time
 import tracemalloc
 
@@ -29,8 +28,8 @@ from hypothesis import given, settings, strategies as st
 from linkescape.errors import AuthError, HandshakeError, ProtocolError
 from linkescape.protocol import frames
 from linkescape.protocol.frames import HEADER_SIZE, Kind, pack_header, unpack_header
-from linkescape.protocol.handshake import (MAX_MESSAGE, AcceptorHandshake, DialerHandshake, Established, Proved,
-                                           decode_messages)
+from linkescape.protocol.handshake import (MAX_MESSAGE, REJECT, VERSION, AcceptorHandshake, DialerHandshake,
+                                           Established, Msg, Proved, Reject, decode_messages)
 
 FUZZ_INPUTS = int(os.environ.get("LINKESCAPE_FUZZ_INPUTS", "1000000"))
 FUZZ_STATEFUL = int(os.environ.get("LINKESCAPE_FUZZ_STATEFUL", str(max(FUZZ_INPUTS // 10, 1000))))
@@ -153,7 +152,7 @@ def test_fuzz_frame_header_decoder(capsys):
 
 def test_fuzz_handshake_decoder(capsys):
     hello, challenge, proof, accept = _transcript()
-    reject = struct.pack("<IHHI", frames.MAGIC, 2, 5, 1)
+    reject = REJECT.pack(frames.MAGIC, VERSION, Msg.REJECT, Reject.BAD_PROOF, bytes(32))
     mutate = Mutator([hello, challenge, proof, accept, reject, hello + proof, challenge + accept], seed=2)
     ok = errors = 0
     t0 = time.perf_counter()
@@ -204,7 +203,7 @@ def test_fuzz_acceptor_state_machine(capsys):
 def test_fuzz_dialer_state_machine(capsys):
     _, challenge, _, accept = _transcript()
     genuine = challenge + accept
-    reject = struct.pack("<IHHI", frames.MAGIC, 2, 5, 1)
+    reject = REJECT.pack(frames.MAGIC, VERSION, Msg.REJECT, Reject.BAD_PROOF, bytes(32))
     mutate = Mutator([genuine, challenge, challenge + reject, reject], seed=5)
     done = failed = partial = 0
     t0 = time.perf_counter()

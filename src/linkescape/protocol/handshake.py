@@ -5,24 +5,38 @@ Rules:
   side proves nothing and tells nothing about the link (epoch, expected seq)
   before the dialer has proved that it holds the key::
 
-      dialer   HELLO      magic, version, src, dst, rail, epoch, expected, job, nonce_d
+      dialer   HELLO      magic, version, src, dst, rail, epoch, expected, job, nonce_d, mac_h
       acceptor CHALLENGE  nonce_a                      (fresh random, says nothing)
       dialer   PROOF      mac_d
       acceptor ACCEPT     epoch, expected, mac_a       (only after mac_d checked)
-           or  REJECT     reason                       (and the connection closes)
+           or  REJECT     reason, mac_r                (and the connection closes)
 
 - ``mac_d = HMAC-SHA256(key, "dial" | job | nonce_d | nonce_a | src | dst | rail
   | epoch | expected_d)`` and ``mac_a`` the same with the label "accept" and the
   acceptor's expected. Distinct labels: a proof cannot be reflected back. Both
   nonces are fresh: a handshake recorded on an earlier connection fails on a
   new one. The key never crosses the wire; proofs compare in constant time.
+- ``mac_h`` (label "hello", no ``nonce_a``) shows at once that the dialer
+  holds the key: a HELLO without it is rejected on arrival, so a stranger
+  who knows the job from the store never holds a handshake slot past its
+  HELLO, and a genuine dial waiting for its proof can be told from it (the
+  acceptor evicts what has not shown the key first). It is replayable, so it
+  only orders the slots: the link itself still needs ``mac_d`` over ``nonce_a``.
+- ``mac_r = HMAC-SHA256(key, "reject" | reason | job | nonce_d | src | dst |
+  rail | epoch | expected_d)``: a REJECT the dialer can verify came from
+  a holder of its key. One that does not verify is a forged REJECT or an
+  acceptor with another key, and the dialer cannot tell which
+  (``UnverifiedReject``, "rejected (unverified)").
 - Every message has a fixed size and starts with magic, version and type: a
   decoder never holds more than one message (the largest is ``HELLO_SIZE``),
   whatever the bytes say, and asks for exactly the bytes it needs (``want``),
   so it never reads into the frames that follow the handshake.
 - Time comes in as an argument: past its deadline a handshake fails.
 - A message that is malformed, out of order or late is a ``HandshakeError``;
-  a proof that does not verify is an ``AuthError``. Nothing else escapes.
+  a proof (or a HELLO's ``mac_h``) that does not verify is an ``AuthError``,
+  a REJECT whose ``mac_r`` does not verify an ``UnverifiedReject`` (an
+  ``AuthError``), a dial refused as mis-routed a ``RailMismatch``. Nothing
+  else escapes.
 """
 
 from __future__ import annotations
@@ -33,13 +47,14 @@ import hmac
 import secrets
 import struct
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
-from ..errors import AuthError, HandshakeError
+from ..errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
 
 MAGIC = 0x4C4E4B45  # "LNKE"
-#: 2: challenge-response (1 was a plain Hello answered with a Hello)
-VERSION = 2
+#: 3: the HELLO carries mac_h and the REJECT mac_r (2: challenge-response;
+#: 1 was a plain Hello answered with a Hello)
+VERSION = 3
 NONCE_SIZE = 32
 MAC_SIZE = 32
 JOB_SIZE = 32
@@ -62,19 +77,25 @@ class Reject(enum.IntEnum):
     REFUSED = 2
     #: HELLO for another job, rank or rail
     BAD_HELLO = 3
+    #: the dial arrived on another rail's listener, or from an address that
+    #: is not the claimed rank's address on that rail
+    BAD_ROUTE = 4
 
 
 PREFIX = struct.Struct("<IHH")  # magic, version, type
-HELLO = struct.Struct("<IHHIIIIQ32s32s")
+HELLO = struct.Struct("<IHHIIIIQ32s32s32s")
 CHALLENGE = struct.Struct("<IHH32s")
 PROOF = struct.Struct("<IHH32s")
 ACCEPT = struct.Struct("<IHHIQ32s")
-REJECT = struct.Struct("<IHHI")
+REJECT = struct.Struct("<IHHI32s")
 HELLO_SIZE = HELLO.size
 SIZES = {Msg.HELLO: HELLO.size, Msg.CHALLENGE: CHALLENGE.size, Msg.PROOF: PROOF.size,
          Msg.ACCEPT: ACCEPT.size, Msg.REJECT: REJECT.size}
 MAX_MESSAGE = max(SIZES.values())
 _FIELDS = struct.Struct("<IIIIQ")  # src, dst, rail, epoch, expected
+_REASON = struct.Struct("<I")
+#: domain separation of every MAC of this version
+_DOMAIN = b"linkescape/v%d/" % VERSION
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 
@@ -91,8 +112,9 @@ class Hello:
     store), ``epoch`` counts the times this link was (re)opened so that a stale
     connection cannot pass for the current one, ``expected`` is the next DATA
     seq the dialer expects from the acceptor (replay after a reconnect starts
-    there), ``nonce`` the dialer's challenge. None of it is secret; the PROOF
-    that follows authenticates all of it.
+    there), ``nonce`` the dialer's challenge, ``mac`` shows that the dialer
+    holds the key (``hello_mac``). None of it is secret; the PROOF that
+    follows authenticates all of it.
     """
 
     src: int
@@ -103,19 +125,21 @@ class Hello:
     job: bytes
     nonce: bytes = bytes(NONCE_SIZE)
     version: int = VERSION
+    mac: bytes = bytes(MAC_SIZE)
 
     def pack(self) -> bytes:
         return HELLO.pack(MAGIC, self.version, Msg.HELLO, self.src, self.dst, self.rail, self.epoch,
                           self.expected, self.job.ljust(JOB_SIZE, b"\0")[:JOB_SIZE],
-                          self.nonce.ljust(NONCE_SIZE, b"\0")[:NONCE_SIZE])
+                          self.nonce.ljust(NONCE_SIZE, b"\0")[:NONCE_SIZE],
+                          self.mac.ljust(MAC_SIZE, b"\0")[:MAC_SIZE])
 
     @classmethod
     def unpack(cls, buf) -> "Hello":
         if len(buf) != HELLO_SIZE:
             raise HandshakeError(f"short handshake: {len(buf)} bytes")
         _check_prefix(buf, (Msg.HELLO,))
-        _m, version, _t, src, dst, rail, epoch, expected, job, nonce = HELLO.unpack(buf)
-        return cls(src, dst, rail, epoch, expected, _job(job), nonce, version)
+        _m, version, _t, src, dst, rail, epoch, expected, job, nonce, mac = HELLO.unpack(buf)
+        return cls(src, dst, rail, epoch, expected, _job(job), nonce, version, mac)
 
     def check(self, *, job: bytes, dst: int, world_size: int, rails: int) -> None:
         if self.job != _job(job):
@@ -145,9 +169,23 @@ def proof(key: bytes, label: bytes, job: bytes, nonce_d: bytes, nonce_a: bytes, 
     """HMAC-SHA256 over both nonces, the job, both ranks, the rail, the epoch
     and the sender's expected seq."""
     job = _job(job)
-    msg = b"".join((b"linkescape/v2/", label, bytes([len(job)]), job, nonce_d, nonce_a,
+    msg = b"".join((_DOMAIN, label, bytes([len(job)]), job, nonce_d, nonce_a,
                     _FIELDS.pack(src, dst, rail, epoch, expected)))
     return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def hello_mac(key: bytes, hello: Hello) -> bytes:
+    """``mac_h``: the HELLO's fields and the dialer's nonce under the key
+    (no acceptor nonce yet: it shows the key, it opens nothing)."""
+    return proof(key, b"hello", hello.job, hello.nonce, b"", hello.src, hello.dst, hello.rail, hello.epoch,
+                 hello.expected)
+
+
+def reject_mac(key: bytes, hello: Hello, reason: int) -> bytes:
+    """``mac_r``: the REJECT's reason bound to the dial it answers (the
+    dialer's fresh nonce and every HELLO field)."""
+    return proof(key, b"reject" + _REASON.pack(reason), hello.job, hello.nonce, b"", hello.src, hello.dst,
+                 hello.rail, hello.epoch, hello.expected)
 
 
 class MessageReader:
@@ -231,11 +269,15 @@ class _Side:
     def expired(self, now: float) -> bool:
         return not self.done and now > self.deadline
 
-    def _fail(self, exc: BaseException, reject: Optional[Reject] = None) -> BaseException:
+    def _fail(self, exc: BaseException, reject: Optional[Reject] = None,
+              hello: Optional[Hello] = None) -> BaseException:
+        """Fail with ``exc``; queue a REJECT (bound to ``hello``'s dial by
+        ``mac_r`` when we have it) if ``reject`` says why."""
         self.state = "failed"
         self.error = exc
         if reject is not None:
-            self._out += REJECT.pack(MAGIC, VERSION, Msg.REJECT, int(reject))
+            mac = reject_mac(self.key, hello, int(reject)) if hello is not None else bytes(MAC_SIZE)
+            self._out += REJECT.pack(MAGIC, VERSION, Msg.REJECT, int(reject), mac)
         return exc
 
     def receive_data(self, data, now: float):
@@ -278,8 +320,9 @@ class DialerHandshake(_Side):
                                  ("epoch", epoch, _U32), ("expected", expected, _U64)):
             if not 0 <= value <= top:
                 raise HandshakeError(f"{name} {value} does not fit the handshake")
-        self.hello = Hello(src, dst, rail, epoch, expected, self.job,
-                           nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE))
+        hello = Hello(src, dst, rail, epoch, expected, self.job,
+                      nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE))
+        self.hello = Hello(src, dst, rail, epoch, expected, self.job, hello.nonce, VERSION, hello_mac(self.key, hello))
         self.nonce_a = b""
         self._out += self.hello.pack()
         self.state = "challenge"
@@ -288,12 +331,7 @@ class DialerHandshake(_Side):
     def _on_message(self, kind: Msg, raw: bytes):
         h = self.hello
         if kind is Msg.REJECT:
-            reason = REJECT.unpack(raw)[3]
-            if reason == Reject.BAD_PROOF:
-                raise self._fail(AuthError(f"rank {h.dst} rejected our key proof on rail {h.rail}: the ranks "
-                                           f"hold different keys (LINKESCAPE_AUTH_KEY)", peer=h.dst, rail=h.rail))
-            why = Reject(reason).name if reason in Reject._value2member_map_ else str(reason)
-            raise self._fail(HandshakeError(f"rank {h.dst} refused the link on rail {h.rail}: {why}"))
+            raise self._fail(self._rejected(raw))
         if kind is Msg.CHALLENGE:
             self.nonce_a = CHALLENGE.unpack(raw)[3]
             mac = proof(self.key, b"dial", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch,
@@ -312,16 +350,41 @@ class DialerHandshake(_Side):
         self.state = "established"
         return Established(h.dst, h.rail, h.epoch, expected)
 
+    def _rejected(self, raw: bytes) -> HandshakeError:
+        """What a REJECT tells: only a REJECT that verifies with our key says
+        why (its sender holds our key); any other is a forged REJECT or an
+        acceptor with another key, and we cannot tell which."""
+        h = self.hello
+        reason, mac = REJECT.unpack(raw)[3:]
+        why = Reject(reason).name if reason in Reject._value2member_map_ else str(reason)
+        if not hmac.compare_digest(mac, reject_mac(self.key, h, reason)):
+            return UnverifiedReject(
+                f"rank {h.dst} rejected the link on rail {h.rail} (unverified): a forged REJECT or different keys "
+                f"(LINKESCAPE_AUTH_KEY / LINKESCAPE_AUTH_KEY_FILE); it claims {why}, and its MAC does not verify "
+                f"with our key", peer=h.dst, rail=h.rail, reason=why)
+        if reason == Reject.BAD_PROOF:  # it holds our key, yet our proof failed there: altered on the way
+            return HandshakeError(f"rank {h.dst} rejected our key proof on rail {h.rail} though it holds our key "
+                                  f"(its REJECT verifies): the handshake was altered in flight")
+        if reason == Reject.BAD_ROUTE:
+            return RailMismatch(f"rank {h.dst} rejected our dial on rail {h.rail} as mis-routed: it arrived on "
+                                f"another rail's listener or from an address that is not ours on rail {h.rail}",
+                                peer=h.dst, rail=h.rail)
+        return HandshakeError(f"rank {h.dst} refused the link on rail {h.rail}: {why}")
+
 
 class AcceptorHandshake(_Side):
     """The accepting side of one connection. Feed what arrives; after
     ``Proved`` call ``admit(expected)`` or ``refuse(why)`` and send
-    ``data_to_send()``. ``rank``: this rank; only higher ranks may dial."""
+    ``data_to_send()``. ``rank``: this rank; only higher ranks may dial.
+    ``route``: called with a HELLO that showed the key; raises
+    ``RailMismatch`` when the connection came in where that rail's link must
+    not (the acceptor knows the listener and the source address)."""
 
     def __init__(self, key: bytes, job: bytes, rank: int, world_size: int, rails: int, deadline: float,
-                 nonce: Optional[bytes] = None) -> None:
+                 nonce: Optional[bytes] = None, route: Optional[Callable[[Hello], None]] = None) -> None:
         super().__init__(key, job, deadline)
         self.rank = rank
+        self.route = route
         self.world_size = world_size
         self.rails = rails
         self.nonce_a = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
@@ -331,8 +394,9 @@ class AcceptorHandshake(_Side):
 
     @property
     def progress(self) -> int:
-        """How far this handshake got (0: no HELLO yet, 1: HELLO, 2: proved):
-        under a flood the least advanced make room first."""
+        """How far this handshake got (0: no HELLO yet, 1: a HELLO that showed
+        the key, 2: proved): under a flood the least advanced make room first.
+        A stranger's HELLO is rejected on arrival: it never reaches 1."""
         return {"hello": 0, "proof": 1}.get(self.state, 2)
 
     def _on_message(self, kind: Msg, raw: bytes):
@@ -343,7 +407,16 @@ class AcceptorHandshake(_Side):
                 if hello.src <= self.rank:
                     raise HandshakeError(f"rank {hello.src} must not dial lower rank {self.rank}")
             except HandshakeError as exc:
-                raise self._fail(exc, Reject.BAD_HELLO)
+                raise self._fail(exc, Reject.BAD_HELLO, hello)
+            if not hmac.compare_digest(hello.mac, hello_mac(self.key, hello)):
+                raise self._fail(AuthError(f"a connection claiming rank {hello.src} on rail {hello.rail} sent a "
+                                           f"HELLO without the key", peer=hello.src, rail=hello.rail),
+                                 Reject.BAD_PROOF, hello)
+            if self.route is not None:
+                try:
+                    self.route(hello)
+                except RailMismatch as exc:
+                    raise self._fail(exc, Reject.BAD_ROUTE, hello)
             self.hello = hello
             self._out += CHALLENGE.pack(MAGIC, VERSION, Msg.CHALLENGE, self.nonce_a)
             self.state = "proof"
@@ -354,7 +427,7 @@ class AcceptorHandshake(_Side):
         want = proof(self.key, b"dial", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch, h.expected)
         if not hmac.compare_digest(mac, want):
             raise self._fail(AuthError(f"a connection claiming rank {h.src} on rail {h.rail} failed the key proof",
-                                       peer=h.src, rail=h.rail), Reject.BAD_PROOF)
+                                       peer=h.src, rail=h.rail), Reject.BAD_PROOF, h)
         self.state = "deciding"
         return Proved(h.src, h.rail, h.epoch, h.expected)
 
@@ -372,7 +445,7 @@ class AcceptorHandshake(_Side):
 
     def refuse(self, why: str) -> HandshakeError:
         """Turn down a proved dialer (stale epoch, rail down): queue REJECT."""
-        return self._fail(HandshakeError(why), Reject.REFUSED)  # type: ignore[return-value]
+        return self._fail(HandshakeError(why), Reject.REFUSED, self.hello)  # type: ignore[return-value]
 
 
 class LinkAuth:
@@ -394,8 +467,8 @@ class LinkAuth:
     def dialer(self, peer: int, rail: int, epoch: int, expected: int, deadline: float) -> DialerHandshake:
         return DialerHandshake(self.key, self.job, self.rank, peer, rail, epoch, expected, deadline)
 
-    def acceptor(self, deadline: float) -> AcceptorHandshake:
-        return AcceptorHandshake(self.key, self.job, self.rank, self.world_size, self.rails, deadline)
+    def acceptor(self, deadline: float, route: Optional[Callable[[Hello], None]] = None) -> AcceptorHandshake:
+        return AcceptorHandshake(self.key, self.job, self.rank, self.world_size, self.rails, deadline, route=route)
 
 
 def decode_messages(data, allowed=tuple(Msg)) -> List[Tuple[Msg, bytes]]:
@@ -414,5 +487,6 @@ def decode_messages(data, allowed=tuple(Msg)) -> List[Tuple[Msg, bytes]]:
     return out
 
 
-__all__ = ["MAGIC", "VERSION", "HELLO", "HELLO_SIZE", "Hello", "Msg", "Reject", "proof", "MessageReader",
+__all__ = ["MAGIC", "VERSION", "HELLO", "HELLO_SIZE", "Hello", "Msg", "Reject", "proof", "hello_mac", "reject_mac",
+           "MessageReader",
            "Proved", "Established", "DialerHandshake", "AcceptorHandshake", "LinkAuth", "decode_messages"]

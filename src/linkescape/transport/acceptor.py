@@ -9,10 +9,19 @@ handshake side by side with the others, each with a deadline, and at most
   second costs one read per byte, and the job's own re-dials go through
   beside it.
 - A new connection always gets a slot; when the slots are full the least
-  advanced handshake (no HELLO yet before a HELLO without proof; then the one
-  from the host that holds the most slots; then the oldest) makes room. A
-  re-dial sends its HELLO and its proof as soon as it can, so floods of
-  connections that connect and close, or stall, go first.
+  advanced handshake makes room: first those still without a HELLO (those
+  from an address no expected dialer uses before those from a peer's rail
+  address; then the host holding the most slots; then the oldest), then
+  those whose HELLO showed the key and that wait for the proof (a second
+  dial for the same rank and rail first; then the oldest). A HELLO that does
+  not show the key is rejected on arrival, so a stranger who read the job
+  from the store holds no slot past its HELLO and never evicts a genuine
+  dial waiting for its proof, however many addresses it floods from.
+- The rail is the listener's, not only the HELLO's: a HELLO that names
+  another rail than the listener that accepted it, or that comes from
+  another address than the claimed rank's address on that rail (known after
+  the store exchange: ``peer_addrs``), is rejected (``RailMismatch``, reason
+  ``BAD_ROUTE``): a mis-routed dial never becomes "rail r" on another NIC.
 - ``fileno()`` (an epoll descriptor, which a select/poll loop can wait on) is
   readable when there is work: a connection, bytes, or a deadline that passed
   (a timerfd), so a loop that waits on it reaps stalled handshakes in time.
@@ -23,16 +32,17 @@ handshake side by side with the others, each with a deadline, and at most
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import select
 import socket
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..config import Config
-from ..errors import AuthError, HandshakeError
-from ..protocol.handshake import AcceptorHandshake, LinkAuth, Proved
+from ..errors import AuthError, HandshakeError, RailMismatch
+from ..protocol.handshake import AcceptorHandshake, Hello, LinkAuth, Proved
 from . import tcp
 
 log = logging.getLogger("linkescape.transport")
@@ -97,6 +107,10 @@ class _Timer:
         os.close(self.fd)
 
 
+#: a published address that says nothing about where dials come from
+_ANY = ("", "0.0.0.0")
+
+
 class _Pending:
     __slots__ = ("sock", "addr", "hs", "out", "started")
 
@@ -109,9 +123,23 @@ class _Pending:
 
 
 class Acceptor:
+    """``listeners``: one per rail, in rail order (when there are as many as
+    the job has rails; otherwise the listener's rail is not checked).
+    ``peer_addrs``: every peer's published ``(ip, port)`` per rail (the
+    store exchange): a dial for (rank, rail) must come from that rank's
+    address on that rail, which is the address its dialer binds."""
+
     def __init__(self, listeners: Sequence[socket.socket], auth: LinkAuth, config: Config,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 peer_addrs: Optional[Dict[int, Sequence[Tuple[str, int]]]] = None) -> None:
         self.listeners = {l.fileno(): l for l in listeners}
+        #: the rail each listener is bound to
+        self.listener_rail: Dict[int, Optional[int]] = {
+            l.fileno(): (i if len(listeners) == auth.rails else None) for i, l in enumerate(listeners)}
+        self.peer_addrs = {int(p): [a[0] for a in addrs] for p, addrs in (peer_addrs or {}).items()}
+        #: the addresses genuine dials come from (the ranks that dial this one)
+        self.dialer_hosts = {a for p, addrs in self.peer_addrs.items() if p > auth.rank for a in addrs
+                             if a not in _ANY}
         self.auth = auth
         self.config = config
         self.clock = clock
@@ -181,7 +209,8 @@ class Acceptor:
             if len(self.pending) >= self.limit:
                 self._evict()
             now = self.clock()
-            p = _Pending(conn, addr, self.auth.acceptor(now + self.timeout), now)
+            route = functools.partial(self._route, self.listener_rail.get(lsock.fileno()), addr[0] if addr else None)
+            p = _Pending(conn, addr, self.auth.acceptor(now + self.timeout, route=route), now)
             self.pending[conn.fileno()] = p
             self._epoll.register(conn.fileno(), select.EPOLLIN)
             # A real dialer's HELLO is usually here already: read it now, so
@@ -209,6 +238,19 @@ class Acceptor:
                 self._finish(p, out)
         except (HandshakeError, OSError) as exc:
             self._reject(p, exc)
+
+    def _route(self, listener_rail: Optional[int], source: Optional[str], hello: Hello) -> None:
+        """A HELLO that showed the key came in on ``listener_rail``'s listener
+        from ``source``: raise RailMismatch unless that is where its link
+        belongs."""
+        if listener_rail is not None and hello.rail != listener_rail:
+            raise RailMismatch(f"rank {hello.src}'s dial for rail {hello.rail} arrived on the listener of rail "
+                               f"{listener_rail} (mis-routed)", peer=hello.src, rail=hello.rail)
+        addrs = self.peer_addrs.get(hello.src)
+        if addrs and hello.rail < len(addrs) and addrs[hello.rail] not in _ANY and source != addrs[hello.rail]:
+            raise RailMismatch(f"rank {hello.src}'s dial for rail {hello.rail} comes from {source}, not from its "
+                               f"rail-{hello.rail} address {addrs[hello.rail]} (mis-routed)",
+                               peer=hello.src, rail=hello.rail)
 
     def _decide(self, p: _Pending, event: Proved, admit: Admit) -> None:
         try:
@@ -244,8 +286,8 @@ class Acceptor:
         except (OSError, ValueError):
             pass
         if reason is None:
-            reason = ("auth" if isinstance(exc, AuthError) else "handshake" if isinstance(exc, HandshakeError)
-                      else "closed")
+            reason = ("auth" if isinstance(exc, AuthError) else "route" if isinstance(exc, RailMismatch)
+                      else "handshake" if isinstance(exc, HandshakeError) else "closed")
         if isinstance(exc, AuthError) and exc.peer is not None:
             self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
         self.rejected += 1  # counted before the other side can see the close
@@ -276,11 +318,26 @@ class Acceptor:
         if not self.pending:
             return
         per_host: Dict[str, int] = {}
+        per_link: Dict[Tuple[int, int], int] = {}
         for q in self.pending.values():
             per_host[q.addr[0]] = per_host.get(q.addr[0], 0) + 1
-        # least advanced first; among those, from the host holding the most
-        # slots (a flood from one host before a peer's one dial); oldest first
-        victim = min(self.pending.values(), key=lambda q: (q.hs.progress, -per_host[q.addr[0]], q.started))
+            if q.hs.progress == 1:
+                link = (q.hs.hello.src, q.hs.hello.rail)
+                per_link[link] = per_link.get(link, 0) + 1
+
+        def order(q: _Pending):
+            """Least advanced first. Without a HELLO: from an address no
+            expected dialer uses first, then from the host holding the most
+            slots (a flood from one host before a peer's one dial). With a
+            HELLO that showed the key: a second dial for the same link
+            first (the dialer gave up on the older). Then the oldest."""
+            progress = q.hs.progress
+            if progress == 0:
+                return (0, q.addr[0] in self.dialer_hosts, -per_host[q.addr[0]], q.started)
+            if progress == 1:
+                return (1, False, -per_link[(q.hs.hello.src, q.hs.hello.rail)], q.started)
+            return (progress, False, 0, q.started)
+        victim = min(self.pending.values(), key=order)
         self._reject(victim, HandshakeError(f"{self.limit} handshakes pending: the least advanced made room"),
                      reason="evicted")
 
