@@ -121,103 +121,184 @@ def report(trails, png, as_json) -> None:
         click.echo(f"timeline: {png}")
 
 
-# ------------------------------------------------------------------ cost
-@click.command()
-@click.option("--interruptions", type=click.FloatRange(min=0), default=419, show_default=True,
-              help="Unexpected interruptions in the run (Llama 3 405B).")
-@click.option("--days", type=click.FloatRange(min=0, min_open=True), default=54, show_default=True,
-              help="Length of the run.")
-@click.option("--network-share", type=click.FloatRange(0, 1), default=0.084, show_default=True,
-              help="Share of the interruptions caused by the network.")
-@click.option("--cards", type=click.FloatRange(min=0), default=10000, show_default=True, help="GPUs in the cluster.")
-@click.option("--yuan-per-card-hour", type=click.FloatRange(min=0), default=10, show_default=True,
-              help="What a GPU costs per hour.")
-@click.option("--recovery-hours", type=click.FloatRange(min=0), default=1, show_default=True,
-              help="Hours of the whole cluster lost per interruption.")
-@click.option("--json", "as_json", is_flag=True, help="network_interruptions, lost_card_hours, lost_yuan, per_year_yuan.")
-def cost(interruptions, days, network_share, cards, yuan_per_card_hour, recovery_hours, as_json) -> None:
-    """What network interruptions cost: the seed's calculation, every input a flag."""
-    from .cost import CostInputs, compute, working
-
-    try:
-        res = compute(CostInputs(interruptions, days, network_share, cards, yuan_per_card_hour, recovery_hours))
-    except UsageError as exc:
-        _fail(exc)
-    click.echo(json.dumps(res, indent=1) if as_json else working(res), nl=as_json)
+# ------------------------------------------------------------------ the cost model (cost, simulate)
+_RENAME = {"nic_rate": "nic_per_day", "cable_rate": "cable_per_day", "optic_rate": "optic_per_day",
+           "switch_rate": "switch_per_day", "other_rate": "other_per_gpu_day",
+           "checkpoint_write_seconds": "checkpoint_write_s", "no_path_seconds": "no_path_s",
+           "nccl_detect_seconds": "nccl_detect_s", "ft_stall_seconds": "ft_stall_s"}
 
 
-# ------------------------------------------------------------------ simulate
-def _sim_options(fn):
-    from .simulate import SimParams
+def _model_options(fn):
+    """The model's inputs, the same flags on `cost` and `simulate` (docs/operations.md cites each default)."""
+    from .model import COVERAGE, POLICIES, SimParams
 
     d = SimParams()
+    F = click.FloatRange
+    share = F(0, 1)
+    pos = F(min=0)
+
+    def o(*names, **kw):
+        kw.setdefault("show_default", True)
+        return click.option(*names, **kw)
+
     opts = [
-        click.option("--gpus", type=click.IntRange(1, 10_000_000), default=d.gpus, show_default=True),
-        click.option("--days", type=click.FloatRange(min=0, min_open=True), default=d.days, show_default=True),
-        click.option("--gpus-per-host", type=click.IntRange(min=1), default=d.gpus_per_host, show_default=True),
-        click.option("--rails", type=click.IntRange(min=1), default=d.rails, show_default=True,
-                     help="NICs (each with a cable and two optics) per host."),
-        click.option("--nic-rate", type=click.FloatRange(min=0), default=d.nic_per_day, show_default=True,
-                     help="Failures per NIC per day (Llama 3: 1.7 %% of 419 in 54 days, 16,384 NICs)."),
-        click.option("--cable-rate", type=click.FloatRange(min=0), default=d.cable_per_day, show_default=True,
-                     help="Failures per cable per day (half of Llama 3's 8.4 %% 'switch and cable')."),
-        click.option("--optic-rate", type=click.FloatRange(min=0), default=d.optic_per_day, show_default=True,
-                     help="Failures per optic per day (the other half, two optics per cable)."),
-        click.option("--other-rate", type=click.FloatRange(min=0), default=d.other_per_gpu_day, show_default=True,
-                     help="Other interruptions per GPU per day (Llama 3's remaining 89.9 %%)."),
-        click.option("--whole-host-share", type=click.FloatRange(0, 1), default=d.whole_host_share, show_default=True,
-                     help="Share of network faults that take every rail of the host."),
-        click.option("--repair-nic-hours", type=click.FloatRange(min=0), default=d.repair_nic_hours, show_default=True),
-        click.option("--repair-cable-hours", type=click.FloatRange(min=0), default=d.repair_cable_hours,
-                     show_default=True),
-        click.option("--repair-optic-hours", type=click.FloatRange(min=0), default=d.repair_optic_hours,
-                     show_default=True),
-        click.option("--checkpoint-hours", type=click.FloatRange(min=0, min_open=True), default=d.checkpoint_hours,
-                     show_default=True, help="Progress between two checkpoints."),
-        click.option("--restart-hours", type=click.FloatRange(min=0), default=d.restart_hours, show_default=True,
-                     help="From an interruption to training again (detect, reschedule, load)."),
-        click.option("--escape-stall-ms", type=click.FloatRange(min=0), default=d.escape_stall_ms, show_default=True,
-                     help="Detection + failover of one rail (measured: docs/failover.md)."),
-        click.option("--comm-share", type=click.FloatRange(0, 1), default=d.comm_share, show_default=True,
-                     help="Share of a step bound by the host's network (it slows while a rail is down)."),
-        click.option("--drain/--no-drain", default=d.drain, show_default=True,
-                     help="Swap a degraded host at the next checkpoint when running degraded would cost more."),
-        click.option("--yuan-per-gpu-hour", type=click.FloatRange(min=0), default=d.yuan_per_gpu_hour,
-                     show_default=True),
-        click.option("--trials", type=click.IntRange(min=1), default=d.trials, show_default=True),
-        click.option("--seed", type=int, default=d.seed, show_default=True),
+        o("--gpus", "--cards", "gpus", type=click.IntRange(1, 10_000_000), default=d.gpus,
+          help="GPUs in the cluster (Llama 3: 16,384)."),
+        o("--days", type=F(min=0, min_open=True), default=d.days, help="Length of the run (Llama 3: 54)."),
+        o("--gpus-per-host", type=click.IntRange(min=1), default=d.gpus_per_host),
+        o("--rails", type=click.IntRange(min=1), default=d.rails,
+          help="NICs per host, each with a cable and two optics (Llama 3: one per GPU)."),
+        o("--coverage", type=click.Choice(list(COVERAGE)), default=d.coverage,
+          help="Fabric: what a switch or a NIC fault takes (one rail, or every rail of the host)."),
+        o("--hosts-per-switch", type=click.IntRange(min=1), default=None, help="Default: the preset's."),
+        o("--interruptions", type=pos, default=None,
+          help="Unexpected interruptions of this cluster in --days "
+               "(default: Llama 3's 419 in 54 days on 16,384 GPUs, scaled)."),
+        o("--network-share", type=share, default=d.network_share,
+          help="Share 'network switch/cable' (Llama 3: 8.4 %)."),
+        o("--nic-share", type=share, default=d.nic_share, help="Share 'network interface card' (Llama 3: 1.7 %)."),
+        o("--switch-share", type=share, default=d.switch_share,
+          help="Share of 'switch/cable' that is switches (not published: assumed)."),
+        o("--nic-rate", type=pos, default=None, help="Failures per NIC per day (default: from the shares)."),
+        o("--cable-rate", type=pos, default=None,
+          help="Failures per host link (cable) per day (default: from the shares)."),
+        o("--optic-rate", type=pos, default=d.optic_per_day,
+          help="Failures per optic per day, two per link (default: counted in the cable's)."),
+        o("--switch-rate", type=pos, default=None, help="Switch failures per link per day (default: from the shares)."),
+        o("--other-rate", type=pos, default=None,
+          help="Other interruptions per GPU per day (default: Llama 3's other 89.9 %)."),
+        o("--whole-host-share", type=share, default=d.whole_host_share,
+          help="Share of the faults that take one rail which take every rail of the host instead."),
+        o("--repair-nic-hours", type=pos, default=d.repair_nic_hours),
+        o("--repair-cable-hours", type=pos, default=d.repair_cable_hours),
+        o("--repair-optic-hours", type=pos, default=d.repair_optic_hours),
+        o("--repair-switch-hours", type=pos, default=d.repair_switch_hours),
+        o("--checkpoint-hours", type=F(min=0, min_open=True), default=None,
+          help="Progress between checkpoints (default: Young/Daly, sqrt(2 x write x MTBF))."),
+        o("--checkpoint-write-seconds", type=pos, default=d.checkpoint_write_s,
+          help="Training stalled per checkpoint."),
+        o("--restart-hours", "--recovery-hours", "restart_hours", type=pos, default=d.restart_hours,
+          help="From an interruption to training again (detect, reschedule, load)."),
+        o("--policy", type=click.Choice(list(POLICIES)), default=d.policy),
+        o("--ab-fault-rate", type=F(0, 2, min_open=True), default=d.ab_fault_rate,
+          help="active-backup: network rate during a fault / healthy (measured 0.95-1.05)."),
+        o("--stripe-fault-rate", type=F(0, 2, min_open=True), default=d.stripe_fault_rate,
+          help="stripe: network rate with one rail less / healthy (measured 0.92-0.99)."),
+        o("--comm-share", type=share, default=d.comm_share, help="Share of a step bound by the host's network."),
+        o("--escape-stall-ms", type=pos, default=d.escape_stall_ms, help="Detection + failover (measured)."),
+        o("--no-path-seconds", type=pos, default=d.no_path_s,
+          help="How long a job waits with some pair without a path (LINKESCAPE_NO_PATH_TIMEOUT)."),
+        o("--relay/--no-relay", default=d.relay, help="Cross faults relayed through a third host (issue 16)."),
+        o("--relay-rate", type=F(0, 2, min_open=True), default=d.relay_rate,
+          help="Relayed rate (a target until measured)."),
+        o("--drain/--no-drain", default=d.drain,
+          help="Swap a degraded host at the next checkpoint when running degraded would cost more."),
+        o("--yuan-per-gpu-hour", "--yuan-per-card-hour", "yuan_per_gpu_hour", type=pos,
+          default=d.yuan_per_gpu_hour),
+        o("--nccl-detect-seconds", type=pos, default=d.nccl_detect_s, help="NCCL port failover: detection."),
+        o("--nccl-ports", type=click.IntRange(min=1), default=d.nccl_ports, help="Ports per NCCL virtual NIC."),
+        o("--nccl-merged-share", type=share, default=d.nccl_merged_share, help="Hosts whose ports NCCL merged."),
+        o("--ft-replica-groups", type=click.IntRange(min=1), default=d.ft_replica_groups,
+          help="torchft FT-HSDP replica groups."),
+        o("--ft-recover-hours", type=pos, default=None, help="torchft: a group's recovery (default: --restart-hours)."),
+        o("--ft-stall-seconds", type=pos, default=d.ft_stall_s, help="torchft: the whole job's stall per fault."),
+        o("--seed", type=int, default=d.seed),
     ]
-    for o in reversed(opts):
-        fn = o(fn)
+    for opt in reversed(opts):
+        fn = opt(fn)
     return fn
 
 
-@click.command()
-@_sim_options
-@click.option("--json", "as_json", is_flag=True, help="restart.ettr, escape.ettr and the rest, as JSON.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Draw both against cluster size, 1k to 100k GPUs.")
-def simulate(as_json, plot_path, **kw) -> None:
-    """Monte Carlo of a training run: restart-from-checkpoint against escape."""
-    from . import simulate as sim
+def _params(kw, **extra):
+    from .model import SimParams
 
-    rename = {"nic_rate": "nic_per_day", "cable_rate": "cable_per_day", "optic_rate": "optic_per_day",
-              "other_rate": "other_per_gpu_day"}
     try:
-        p = sim.SimParams(**{rename.get(k, k): v for k, v in kw.items()})
+        return SimParams(**{_RENAME.get(k, k): v for k, v in kw.items()}, **extra)
     except UsageError as exc:
         _fail(exc)
-    res = sim.simulate(p)
-    if plot_path:
-        from dataclasses import replace
 
-        res["plot"] = sim.plot(plot_path, sim.sweep(p), sim.sweep(replace(p, other_per_gpu_day=0.0)), mark=p.gpus)
-    if as_json:
-        click.echo(json.dumps(res, indent=1))
-    else:
-        click.echo(sim.format_text(res), nl=False)
+
+def _given(name: str) -> bool:
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+@click.command()
+@_model_options
+@click.option("--scenario", type=click.Choice(["seed-article"]), default=None,
+              help="seed-article: the seed's own arithmetic (3,519,600 yuan) and which of its inputs "
+                   "contradict the source.")
+@click.option("--json", "as_json", is_flag=True, help="Every mode, the savings, the bands, as JSON.")
+def cost(scenario, as_json, **kw) -> None:
+    """What network faults cost a training run and what escape saves: the model in closed form."""
+    from .cost import compute, seed_article
+    from .modeltext import cost_text, seed_text
+
+    p = _params(kw)
+    res = compute(p)
+    if scenario == "seed-article":
+        names = {"interruptions": "interruptions", "days": "days", "network_share": "network_share",
+                 "gpus": "cards", "yuan_per_gpu_hour": "yuan_per_card_hour", "restart_hours": "recovery_hours"}
+        seed = seed_article(**{v: kw[k] for k, v in names.items() if _given(k)})
+        if as_json:
+            click.echo(json.dumps({"scenario": scenario, **seed, "model": res}, indent=1, default=str))
+        else:
+            click.echo(seed_text(seed, res, p), nl=False)
+        return
+    click.echo(json.dumps(res, indent=1, default=str) if as_json else cost_text(res, p), nl=as_json)
+
+
+@click.command()
+@_model_options
+@click.option("--trials", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Monte Carlo runs (paired: every mode on the same faults).")
+@click.option("--failure-log", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Replay an operator's faults: CSV with cause, start, repair time, host, rail.")
+@click.option("--sweep", "sweep_spec", default=None, metavar="PARAM=a:b[:n]",
+              help="The savings across one input (checkpoint-hours, coverage, restart-hours, comm-share, ...).")
+@click.option("--json", "as_json", is_flag=True, help="Every mode, the savings and their intervals, as JSON.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw the savings against cluster size per fabric preset (with --sweep: against the input).")
+def simulate(trials, failure_log, sweep_spec, as_json, plot_path, **kw) -> None:
+    """Monte Carlo of a training run: restart from checkpoint, escape and NCCL's port failover on the same faults."""
+    from . import modelplot, sweep
+    from .cost import closed_form
+    from .failures import fit_to_log, rates_of_log, read_failure_log
+    from .modeltext import simulate_text, sweep_text
+    from .simulate import simulate as run_simulation
+
+    p = _params(kw, trials=trials)
+    faults = info = None
+    try:
+        if failure_log:
+            faults, info = read_failure_log(failure_log)
+            p = fit_to_log(p, faults, info, _given("days"))
+        spec = sweep.parse(sweep_spec) if sweep_spec else None
+    except UsageError as exc:
+        _fail(exc)
+    if spec:
+        rows = sweep.run(p, spec[0], spec[1], faults)
+        out = {"inputs": p.as_dict(), "sweep": rows, "log": info}
         if plot_path:
+            out["plot"] = modelplot.plot_sweep(plot_path, rows, p)
+        click.echo(json.dumps(out, indent=1, default=str) if as_json else sweep_text(rows), nl=as_json)
+        if plot_path and not as_json:
             click.echo(f"plot: {plot_path}")
+        return
+    res = run_simulation(p, faults)
+    res["log"] = info
+    cf = closed_form(rates_of_log(p, faults) if faults else p)
+    res["closed_form"] = {m: cf[m]["ettr"] for m in ("restart", "escape", "nccl", "torchft")}
+    res["closed_form"]["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
+    if plot_path:
+        res["plot"] = modelplot.plot_sizes(plot_path, sweep.sizes(p, PLOT_SIZES), p, mark=p.gpus)
+    click.echo(json.dumps(res, indent=1, default=str) if as_json else simulate_text(res, p, cf), nl=as_json)
+    if plot_path and not as_json:
+        click.echo(f"plot: {plot_path}")
+
+
+PLOT_SIZES = (1000, 2000, 4000, 8000, 16000, 32000, 64000, 100000)
 
 
 __all__ = ["status", "trace", "report", "cost", "simulate"]
