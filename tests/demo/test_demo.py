@@ -15,7 +15,9 @@ import numpy as np
 from linkescape import ReduceOp
 import pytest
 
-from linkescape.demo.controller import Fault, LiveState, Tail, plan_faults
+from linkescape.demo.faultplan import PlayedFault, plan_faults, schedule_of
+from linkescape.demo.live import LiveState
+from linkescape.jsonl import Tail
 from linkescape.demo.report import fault_timing, to_markdown
 
 DEMO_TIMEOUT = 170
@@ -135,12 +137,23 @@ def test_plan_faults_spaced_and_ordered():
     assert {f.host for f in plan_faults(16.0, 2, 2)} == {1}
 
 
+
+def test_the_plan_is_played_as_one_shared_schedule_of_its_own_faults():
+    fl = plan_faults(20.0, 4, 2)
+    sched = schedule_of(fl, 20.0, 4, 2)
+    assert sched.faults == [f.plan for f in fl]  # the shared faults.Fault: the demo keeps only what became of it
+    assert [(f.kind, f.host, f.rail, f.count) for f in fl] == [("cut", 1, 0, 0), ("blackhole", 2, 0, 0),
+                                                                ("flap", 3, 0, 3)]
+    assert len(sched.faults[2].intervals()) == 3 and sched.faults[1].mode == "blackhole"
+    d = fl[2].to_dict()
+    assert d["label"] == "link flapping: host 3 rail 0" and d["count"] == 3 and d["period_s"] == fl[2].period
+
 def _ev(ts, rank, event, peer, rail, cause=None, **extra):
     return {"ts": ts, "rank": rank, "event": event, "peer": peer, "rail": rail, "cause": cause, **extra}
 
 
 def test_fault_timing_from_events():
-    f = Fault("cut", 1, 0, 1.0, 2.0)
+    f = PlayedFault.planned(0, "cut", 1, 0, 1.0, 2.0)
     f.issued, f.ts, f.restore_issued, f.restored = 99.99, 100.0, 102.0, 102.01
     events = [
         _ev(99.0, 0, "link_down", 2, 0, "timeout"),  # before the fault: not it

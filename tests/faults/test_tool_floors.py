@@ -1,5 +1,6 @@
 """The tools' floors (issue 11): the testbed needs no fault schedule, the fault schedule no tool, and the
-tools (bench, chaos, demo) reach each other only through what they share: faults and testbed."""
+tools (bench, chaos, demo) reach each other only through what they share: faults and testbed. Below them
+all, the part every tool uses (JSON lines) imports nothing of linkescape (issue 19)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import linkescape
 
 SRC = pathlib.Path(linkescape.__file__).parent
 #: lowest first; a package may import its own floor and those below
-FLOORS = [{"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
+FLOORS = [{"jsonl"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
+#: the shared parts of the tools: single modules of the bottom floor
+SHARED_PARTS = ("jsonl",)
 
 
 def _floor(pkg: str):
@@ -42,12 +45,21 @@ def test_the_import_finder_sees_relative_imports():
     assert {"testbed"} <= set(_targets(SRC / "bench" / "failover" / "job.py"))  # from ...testbed.job import
 
 
+def _files(name: str):
+    return [SRC / f"{name}.py"] if (SRC / f"{name}.py").exists() else list((SRC / name).rglob("*.py"))
+
+
+def test_the_shared_parts_import_nothing_of_linkescape():
+    for name in SHARED_PARTS:
+        assert set(_targets(SRC / f"{name}.py")) == set(), name
+
+
 def test_tool_packages_import_only_their_floor_and_below():
     bad = []
     for names in FLOORS:
         for pkg in names:
             mine = _floor(pkg)
-            for path in (SRC / pkg).rglob("*.py"):
+            for path in _files(pkg):
                 for top in _targets(path):
                     f = _floor(top)
                     if f is None or top == pkg:
@@ -60,8 +72,8 @@ def test_tool_packages_import_only_their_floor_and_below():
 def test_every_tool_module_imports_on_its_own():
     """Each module in a fresh interpreter (an import circle that only bites in some import order)."""
     mods = []
-    for pkg in ("testbed", "faults", "bench", "chaos", "demo"):
-        for path in sorted((SRC / pkg).rglob("*.py")):
+    for pkg in SHARED_PARTS + ("testbed", "faults", "bench", "chaos", "demo"):
+        for path in sorted(_files(pkg)):
             rel = path.relative_to(SRC).with_suffix("")
             if rel.name == "__main__":
                 continue

@@ -36,6 +36,14 @@ def test_lower_floors_import_nothing_above_them():
     assert _imports("faults") <= {"shell", "nft", "netns"}
 
 
+def test_the_parts_shared_with_the_tools_stand_alone():
+    """The exact values and results of the workloads, and the NIC sampler (process and handle), need
+    no testbed module: the workers and the sampler process load only them."""
+    assert _imports("exact") == set()
+    assert _imports("sampler") == set()
+    assert _imports("counters") == set()
+
+
 def test_testbed_has_its_fault_methods_whichever_module_is_imported_first():
     import subprocess
     import sys

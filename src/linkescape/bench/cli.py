@@ -103,20 +103,7 @@ def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
     all_gather, reduce_scatter, all_to_all, gather, scatter, send_recv, barrier, a comma list,
     or all."""
     if scale:
-        try:
-            counts = [int(x) for x in scale.split(",") if x.strip()]
-        except ValueError:
-            raise _usage(ValueError(f"--scale {scale!r}: a comma list of world sizes"), "'--scale'") from None
-        if not counts or min(counts) < 2:
-            raise _usage(ValueError("--scale: world sizes of 2 or more"), "'--scale'")
-        if importlib.util.find_spec("torch") is None:
-            raise click.UsageError("--scale compares with gloo, which needs torch")
-        from .scale import run_scale
-
-        try:
-            run_scale(counts, json_path, echo=click.echo, idle=idle_seconds)
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from None
+        _run_scale(scale, json_path, idle_seconds)
         return
     if faults:
         # The failover benchmark runs on a testbed of network namespaces.
@@ -125,6 +112,32 @@ def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
         run_failover_cli(faults, rails=rails if rails != DEFAULT_RAILS else 2, json_path=json_path,
                          **failover_opts)
         return
+    spec = _spec(op, sizes, factor, world_size, backends, dtype, redop, root, iters, warmup, check, rails, timeout,
+                 launcher, store_kind)
+    _run(spec, op, sizes, factor, json_path, launcher, verbose)
+
+
+def _run_scale(scale: str, json_path: Optional[str], idle_seconds: float) -> None:
+    try:
+        counts = [int(x) for x in scale.split(",") if x.strip()]
+    except ValueError:
+        raise _usage(ValueError(f"--scale {scale!r}: a comma list of world sizes"), "'--scale'") from None
+    if not counts or min(counts) < 2:
+        raise _usage(ValueError("--scale: world sizes of 2 or more"), "'--scale'")
+    if importlib.util.find_spec("torch") is None:
+        raise click.UsageError("--scale compares with gloo, which needs torch (pip install 'linkescape[torch]')")
+    from .scale import run_scale
+
+    try:
+        run_scale(counts, json_path, echo=click.echo, idle=idle_seconds)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _spec(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
+          iters: int, warmup: int, check: bool, rails: str, timeout: float, launcher: str,
+          store_kind: str) -> BenchSpec:
+    """The run the options ask for, checked (a usage error names the option)."""
     try:
         ops = parse_ops(op)
     except SpecError as exc:
@@ -154,7 +167,12 @@ def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
         spec.validate()
     except SpecError as exc:
         raise _usage(exc) from None
+    return spec
 
+
+def _run(spec: BenchSpec, op: str, sizes: str, factor: float, json_path: Optional[str], launcher: str,
+         verbose: bool) -> None:
+    """Start the ranks (or be one), print the tables; a wrong element fails the command."""
     from .report import Reporter
     from .runner import BenchError, LocalLauncher, run_env
 

@@ -19,6 +19,7 @@ import sys
 from collections import OrderedDict, defaultdict
 from typing import Callable, Dict, Iterable, List, Optional, TextIO
 
+from .. import jsonl
 from .spec import OPS, BenchSpec, format_size, tcp_congestion_control
 
 COLS = "#       size         count      type"
@@ -164,7 +165,7 @@ class Reporter:
         for r in records:
             self.records.append(r)
             if self._json is not None:
-                self._json.write(json.dumps(r) + "\n")
+                self._json.write(jsonl.encode(r))
         if self._json is not None:
             self._json.flush()
 

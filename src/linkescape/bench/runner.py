@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .. import jsonl
 from .spec import OPS, BenchSpec, busbw_factor
 
 EVENT_PREFIX = "@@linkescape-bench "
@@ -272,14 +273,9 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--spec", required=True, help="BenchSpec as JSON")
     args = ap.parse_args(argv)
     spec = BenchSpec.from_dict(json.loads(args.spec))
-    lock = threading.Lock()
-    out = sys.stdout
 
     def emit(event: dict) -> None:
-        line = EVENT_PREFIX + json.dumps(event) + "\n"
-        with lock:
-            out.write(line)
-            out.flush()
+        jsonl.emit(event, EVENT_PREFIX)
 
     wd = Watchdog(spec.timeout + WATCHDOG_GRACE, emit, args.rank, watch_parent=True)
     wd.start()
@@ -346,11 +342,10 @@ class LocalLauncher:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             if name == "stdout" and line.startswith(EVENT_PREFIX):
-                try:
-                    self.events.put((rank, json.loads(line[len(EVENT_PREFIX):])))
+                event = jsonl.parse(line[len(EVENT_PREFIX):])
+                if event is not None:
+                    self.events.put((rank, event))
                     continue
-                except ValueError:
-                    pass
             self.events.put((rank, {"event": "line", "stream": name, "line": line}))
         stream.close()
         self.events.put((rank, {"event": "eof", "stream": name}))

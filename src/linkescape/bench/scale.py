@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
+from .. import jsonl
+
 PREFIX = "@@scale "
 RAILS = ["127.0.0.1", "127.0.0.2"]
 BACKENDS = ("linkescape", "gloo")
@@ -202,12 +204,9 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--idle", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-    lock = threading.Lock()
 
     def emit(ev: dict) -> None:
-        with lock:
-            sys.stdout.write(PREFIX + json.dumps(ev) + "\n")
-            sys.stdout.flush()
+        jsonl.emit(ev, PREFIX)
 
     store = dist.TCPStore("127.0.0.1", args.port, args.world_size, args.rank == 0,
                           timeout=datetime.timedelta(seconds=600), wait_for_workers=False)
@@ -241,9 +240,9 @@ def run_one(n: int, idle: float = 5.0, rounds: int = 3, timeout: float = 900.0) 
     deadline = time.monotonic() + timeout
     try:
         for line in procs[0].stdout:
-            if not line.startswith(PREFIX):
+            ev = jsonl.parse(line[len(PREFIX):]) if line.startswith(PREFIX) else None
+            if ev is None:
                 continue
-            ev = json.loads(line[len(PREFIX):])
             if ev["event"] == "store":
                 for r in range(1, n):
                     procs.append(subprocess.Popen(base + ["--rank", str(r), "--port", str(ev["port"])],
@@ -319,7 +318,7 @@ def run_scale(sizes: List[int], json_path: Optional[str], echo: Callable[[str], 
             rows.append(row)
             echo(format_row(row))
             if out is not None:
-                out.write(json.dumps(row) + "\n")
+                out.write(jsonl.encode(row))
                 out.flush()
     finally:
         if out is not None:

@@ -49,6 +49,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..faults.measure import first_event, summarize
 from ..faults.schedule import Schedule, path_timeline
 
 CUT_DETECT = 0.010  # "a few ms" for a carrier loss, with slack for this loaded machine's scheduling
@@ -430,20 +431,16 @@ def _down_before(ivs: Sequence[Interval], h: int, r: int, ts: float) -> bool:
 
 def _first_event(evs: Sequence[Mapping[str, Any]], a: float, b: float, *, rail: int,
                  peer: Optional[int] = None) -> Optional[float]:
-    for e in evs:
-        if e.get("event") in DOWN_EVENTS and a <= e.get("ts", 0) <= b and (peer is None or e.get("peer") == peer):
-            r = e.get("from_rail", e.get("rail")) if e.get("event") == "failover" else e.get("rail")
-            if r == rail:
-                return float(e["ts"])
-    return None
+    e = first_event(evs, DOWN_EVENTS, a, b, rail=rail, peer=peer, closed=True)
+    return None if e is None else float(e["ts"])
 
 
 def _summary(vals: Iterable[Optional[float]]) -> Dict[str, Any]:
-    vals = list(vals)
-    got = np.array([v for v in vals if v is not None], float) * 1000.0
-    out: Dict[str, Any] = {"n": int(got.size), "missed": len(vals) - int(got.size)}
-    if got.size:
-        out.update(median_ms=float(np.median(got)), p99_ms=float(np.percentile(got, 99)), max_ms=float(got.max()))
+    """Seconds as milliseconds: n, missed, and (when any) median, p99 and max."""
+    s = summarize(None if v is None else v * 1000.0 for v in vals)
+    out: Dict[str, Any] = {"n": s["n"], "missed": s["missing"]}
+    if s["n"]:
+        out.update(median_ms=s["median"], p99_ms=s["p99"], max_ms=s["max"])
     return out
 
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .. import jsonl
 from ..faults import KINDS, ISOLATE_BOUND, Schedule, ScheduleRunner, TestbedInjector, random_schedule
 from . import workload
 
@@ -96,9 +97,7 @@ def library_version() -> Dict[str, Any]:
 def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
     """Run the soak; returns the report dict (``report["exit_code"]`` is 0 only when everything held)."""
     from ..config import Config
-    from ..testbed.netns import require_nft, require_root, temporary_testbed
-    from .live import LiveView
-    from .ranks import Ranks
+    from ..testbed.netns import require_nft, require_root
     from .report import build_report, collect
 
     require_root("linkescape chaos")
@@ -117,59 +116,13 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
         f"({', '.join(f'{k} {v}' for k, v in schedule.counts().items())}); run directory {rdir}")
     t_start = time.time()
     load_start = os.getloadavg()
-    ranks = None
-    runner = None
-    hung_during: Optional[str] = None
-    setup_error: Optional[str] = None
-    tcp: list = []  # [wall time, per rank TCP counters] every 0.5 s
-    with temporary_testbed(opts.hosts, opts.rails, rate=opts.rate, prefix="ch") as tb:
-        env["LINKESCAPE_RAILS"] = ",".join(tb.rail_nics)
-        try:
-            ranks = Ranks(tb, list(range(opts.hosts)), rdir, seed=opts.seed, max_bytes=opts.max_bytes, env=env)
-            ranks.wait_ready()
-            fault_log = open(os.path.join(rdir, "faults.jsonl"), "w")
-
-            def on_step(rec: Dict[str, Any]) -> None:
-                fault_log.write(json.dumps(rec) + "\n")
-                fault_log.flush()
-
-            runner = ScheduleRunner(schedule, TestbedInjector(tb), on_step=on_step)
-            t0 = time.time() + 0.2
-            runner.start(t0)
-            with LiveView(seed=opts.seed, duration=schedule.duration, live=opts.live, say=say) as view:
-                while True:
-                    now = time.time()
-                    if now - (tcp[-1][0] if tcp else 0.0) >= 0.5:
-                        tcp.append([now, ranks.tcp_counters()])
-                    with ranks.lock:
-                        view.update(now - t0, ranks.states, [f.label for f in runner.active()],
-                                    len(runner.fault_times()) - len(runner.active()))
-                    if not runner.running and now >= t0 + schedule.duration:
-                        break
-                    if ranks.dead():
-                        break  # a rank ended (an error): the others cannot go on without it
-                    stuck = [s.rank for s in ranks.states if (s.outstanding(now) or 0.0) > opts.hang_s]
-                    if stuck:
-                        hung_during = f"rank(s) {stuck} had a step outstanding for more than {opts.hang_s:.0f} s"
-                        break
-                    time.sleep(0.25)
-            runner.stop()
-            fault_log.close()
-            tcp.append([time.time(), ranks.tcp_counters()])
-            ranks.finish(timeout=opts.hang_s + 30.0)
-        except (RuntimeError, TimeoutError) as exc:
-            setup_error = str(exc)
-            say(f"linkescape chaos: {exc}")
-        finally:
-            if runner is not None:
-                runner.stop()
-            if ranks is not None:
-                ranks.kill()
+    soak = _Soak(opts, schedule, rdir, env, say)
+    soak.run()
     t_end = time.time()
-    data = collect(opts=opts, schedule=schedule, ranks=ranks, runner=runner, cfg=cfg, rdir=rdir,
-                   events_tmpl=events_tmpl, t_start=t_start, t_end=t_end, hung_during=hung_during,
-                   setup_error=setup_error)
-    data["tcp"] = tcp
+    data = collect(opts=opts, schedule=schedule, ranks=soak.ranks, runner=soak.runner, cfg=cfg, rdir=rdir,
+                   events_tmpl=events_tmpl, t_start=t_start, t_end=t_end, hung_during=soak.hung_during,
+                   setup_error=soak.setup_error)
+    data["tcp"] = soak.tcp
     data["library"] = library_version()
     data["machine"] = {"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg()}
     with open(os.path.join(rdir, "run.json"), "w") as fh:
@@ -177,12 +130,74 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
     report = build_report(data, schedule)
     report["options"] = {k: v for k, v in asdict(opts).items() if k not in ("schedule",)}
     report["command"] = opts.command or " ".join(shlex.quote(a) for a in sys.argv)
-    with open(os.path.join(rdir, "report.json"), "w") as fh:
-        json.dump(report, fh, indent=1, default=str)
-    if opts.json_path:
-        with open(opts.json_path, "w") as fh:
+    for path in [os.path.join(rdir, "report.json")] + ([opts.json_path] if opts.json_path else []):
+        with open(path, "w") as fh:
             json.dump(report, fh, indent=1, default=str)
     return report
+
+
+class _Soak:
+    """One soak on a throwaway testbed: the ranks, the fault schedule played under them, and what went wrong."""
+
+    def __init__(self, opts: ChaosOptions, schedule: Schedule, rdir: str, env: Dict[str, str], say: Say) -> None:
+        self.opts, self.schedule, self.rdir, self.env, self.say = opts, schedule, rdir, env, say
+        self.ranks = None
+        self.runner: Optional[ScheduleRunner] = None
+        self.hung_during: Optional[str] = None
+        self.setup_error: Optional[str] = None
+        self.tcp: list = []  # [wall time, per rank TCP counters] every 0.5 s
+
+    def run(self) -> None:
+        from ..testbed.netns import temporary_testbed
+        from .ranks import Ranks
+
+        opts = self.opts
+        with temporary_testbed(opts.hosts, opts.rails, rate=opts.rate, prefix="ch") as tb:
+            self.env["LINKESCAPE_RAILS"] = ",".join(tb.rail_nics)
+            try:
+                self.ranks = Ranks(tb, list(range(opts.hosts)), self.rdir, seed=opts.seed, max_bytes=opts.max_bytes,
+                                   env=self.env)
+                self.ranks.wait_ready()
+                fault_log = os.path.join(self.rdir, "faults.jsonl")
+                open(fault_log, "w").close()
+                self.runner = ScheduleRunner(self.schedule, TestbedInjector(tb),
+                                             on_step=lambda rec: jsonl.append(fault_log, rec))
+                self._watch(time.time() + 0.2)
+                self.runner.stop()
+                self.tcp.append([time.time(), self.ranks.tcp_counters()])
+                self.ranks.finish(timeout=opts.hang_s + 30.0)
+            except (RuntimeError, TimeoutError) as exc:
+                self.setup_error = str(exc)
+                self.say(f"linkescape chaos: {exc}")
+            finally:
+                if self.runner is not None:
+                    self.runner.stop()
+                if self.ranks is not None:
+                    self.ranks.kill()
+
+    def _watch(self, t0: float) -> None:
+        """Play the schedule from ``t0`` with live progress until it is over, a rank ended, or one hung."""
+        from .live import LiveView
+
+        ranks, runner, opts = self.ranks, self.runner, self.opts
+        runner.start(t0)
+        with LiveView(seed=opts.seed, duration=self.schedule.duration, live=opts.live, say=self.say) as view:
+            while True:
+                now = time.time()
+                if now - (self.tcp[-1][0] if self.tcp else 0.0) >= 0.5:
+                    self.tcp.append([now, ranks.tcp_counters()])
+                with ranks.lock:
+                    view.update(now - t0, ranks.states, [f.label for f in runner.active()],
+                                len(runner.fault_times()) - len(runner.active()))
+                if not runner.running and now >= t0 + self.schedule.duration:
+                    return
+                if ranks.dead():
+                    return  # a rank ended (an error): the others cannot go on without it
+                stuck = [s.rank for s in ranks.states if (s.outstanding(now) or 0.0) > opts.hang_s]
+                if stuck:
+                    self.hung_during = f"rank(s) {stuck} had a step outstanding for more than {opts.hang_s:.0f} s"
+                    return
+                time.sleep(0.25)
 
 
 __all__ = ["ChaosOptions", "run_chaos", "plan"]

@@ -9,7 +9,6 @@ killed) is kept for the report's reader.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -113,31 +112,6 @@ class Ranks:
         self.job.kill()
 
     # ------------------------------------------------------------ results
-    def steps(self) -> Dict[int, List[Dict[str, Any]]]:
-        out = {}
-        for r in range(self.world):
-            recs = []
-            try:
-                with open(self.ops_path(r)) as fh:
-                    for line in fh:
-                        try:
-                            recs.append(json.loads(line))
-                        except ValueError:
-                            continue  # a torn last line of a killed rank
-            except FileNotFoundError:
-                pass
-            out[r] = recs
-        return out
-
-    def events(self, template: str) -> Dict[int, List[Dict[str, Any]]]:
-        from ..events import expand_path, read_events
-
-        out = {}
-        for r in range(self.world):
-            path = expand_path(template, r)
-            out[r] = read_events(path) if os.path.exists(path) else []
-        return out
-
     def tcp_counters(self) -> List[Optional[Dict[str, int]]]:
         """Each rank's namespace's TCP counters (``/proc/PID/net``: no process to spawn), None once it ended."""
         return [tcp_counters(p.pid) if p.poll() is None else None for p in self.procs]

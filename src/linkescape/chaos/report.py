@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .. import jsonl
 from ..faults import Schedule
 from . import analysis, workload
 
@@ -65,20 +66,6 @@ def load_run(rdir: str) -> Tuple[Dict[str, Any], Schedule]:
     return data, Schedule.load(os.path.join(rdir, "schedule.json"))
 
 
-def _read_jsonl(path: str) -> List[Dict[str, Any]]:
-    out = []
-    try:
-        with open(path) as fh:
-            for line in fh:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue  # a torn last line of a killed rank
-    except FileNotFoundError:
-        pass
-    return out
-
-
 def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     """The report of a run (see :data:`DEFINITIONS`); ``report["exit_code"]`` is 0 only when all held."""
     from ..events import expand_path
@@ -95,66 +82,20 @@ def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     reasons: List[str] = []
     if data.get("setup_error"):
         reasons.append(f"setup: {data['setup_error']}")
-    # -- faults
     log = data["log"]
-    applied: Dict[str, int] = {}
-    for fid in data["fault_times"]:
-        k = schedule.by_id(int(fid)).kind
-        applied[k] = applied.get(k, 0) + 1
-    rep["faults"] = {"planned": schedule.counts(), "applied": applied, "total_applied": len(data["fault_times"]),
-                     "injection_errors": [r for r in log if r.get("error")][:20],
-                     "max_late_ms": max([1000 * (r.get("late") or 0) for r in log] + [0.0])}
-    if rep["faults"]["injection_errors"]:
-        reasons.append(f"{len(rep['faults']['injection_errors'])} fault injection error(s)")
+    rep["faults"] = _faults(data, schedule, reasons)
     if data.get("ranks") is None:
         rep["verdict"] = {"pass": False, "reasons": reasons or ["no ranks ran"]}
         rep["exit_code"] = 1
         return rep
     states = data["ranks"]
-    steps = {st["rank"]: _read_jsonl(os.path.join(rdir, f"ops-{st['rank']}.jsonl")) for st in states}
-    events = {st["rank"]: _read_jsonl(expand_path(data["events_tmpl"], st["rank"])) for st in states}
+    steps = {st["rank"]: jsonl.read(os.path.join(rdir, f"ops-{st['rank']}.jsonl")) for st in states}
+    events = {st["rank"]: jsonl.read(expand_path(data["events_tmpl"], st["rank"])) for st in states}
     intervals = [tuple(iv) for iv in data["intervals"]]
     t_end = data["t_end"]
     t_ref = data.get("t0") or data["t_start"]
-    # -- operations
-    verified: Dict[str, int] = {n: 0 for n in workload.OPERATIONS}
-    per_rank = {}
-    for st in states:
-        counts = (st.get("exit") or {}).get("counts") or _count_ops(steps.get(st["rank"], []))
-        per_rank[st["rank"]] = sum(counts.values())
-        for k, v in counts.items():
-            verified[k] = verified.get(k, 0) + v
-    wrong = sum(rec.get("wrong", 0) for recs in steps.values() for rec in recs)
-    rep["operations"] = {"verified_by_kind": verified, "verified": sum(verified.values()), "per_rank": per_rank,
-                         "steps_per_rank": {r: len(v) for r, v in steps.items()}}
-    mism = [m for st in states for m in st["mismatches"]]
-    rep["wrong"] = {"elements": wrong, "results": len(mism), "examples": mism[:20]}
-    if wrong:
-        reasons.append(f"{wrong} wrong element(s) in {len(mism)} result(s)")
-    # -- errors and hangs
-    errors, hung = [], []
-    spans = analysis.fault_spans(log)
-    for st in states:
-        ex = st.get("exit")
-        if ex and ex.get("error"):
-            e = dict(ex["error"])
-            e["rank"] = st["rank"]
-            e.pop("traceback", None)
-            e["t_rel"] = None if e.get("t") is None else round(e["t"] - t_ref, 3)
-            e["faults_active"] = analysis.labels(schedule, spans, e["t"] - 5.0, e["t"]) if e.get("t") else []
-            e["stderr_tail"] = st.get("stderr_tail", "")
-            errors.append(e)
-        elif ex is None:
-            hung.append({"rank": st["rank"], "hung": st["hung"], "returncode": st["returncode"],
-                         "last_progress": st["progress"], "stderr_tail": st.get("stderr_tail", "")})
-    rep["errors"] = errors
-    rep["hung"] = hung
-    rep["hung_during"] = data.get("hung_during")
-    if errors:
-        reasons.append(f"{len(errors)} rank(s) failed: " + "; ".join(f"rank {e['rank']} {e['type']}" for e in errors))
-    if hung or data.get("hung_during"):
-        reasons.append(f"{len(hung)} rank(s) hung or died"
-                       + (f" ({data['hung_during']})" if data.get("hung_during") else ""))
+    rep.update(_operations(states, steps, reasons))
+    rep.update(_errors_and_hangs(data, schedule, t_ref, reasons))
     # -- stalls and bounds
     st = analysis.stalls(steps, intervals, log, schedule, world=world, rate_bps=rate_bps,
                          silent=cfg["silent_timeout_ms"] / 1000.0, heartbeat=cfg["heartbeat_ms"] / 1000.0, t_end=t_end,
@@ -178,6 +119,66 @@ def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     return rep
 
 
+def _faults(data: Mapping[str, Any], schedule: Schedule, reasons: List[str]) -> Dict[str, Any]:
+    """The faults planned and applied, and any injection error."""
+    log = data["log"]
+    applied: Dict[str, int] = {}
+    for fid in data["fault_times"]:
+        k = schedule.by_id(int(fid)).kind
+        applied[k] = applied.get(k, 0) + 1
+    out = {"planned": schedule.counts(), "applied": applied, "total_applied": len(data["fault_times"]),
+           "injection_errors": [r for r in log if r.get("error")][:20],
+           "max_late_ms": max([1000 * (r.get("late") or 0) for r in log] + [0.0])}
+    if out["injection_errors"]:
+        reasons.append(f"{len(out['injection_errors'])} fault injection error(s)")
+    return out
+
+
+def _operations(states: List[Mapping[str, Any]], steps: Mapping[int, List[Dict[str, Any]]],
+                reasons: List[str]) -> Dict[str, Any]:
+    """The operations every rank verified, and the wrong results."""
+    verified: Dict[str, int] = {n: 0 for n in workload.OPERATIONS}
+    per_rank = {}
+    for st in states:
+        counts = (st.get("exit") or {}).get("counts") or _count_ops(steps.get(st["rank"], []))
+        per_rank[st["rank"]] = sum(counts.values())
+        for k, v in counts.items():
+            verified[k] = verified.get(k, 0) + v
+    wrong = sum(rec.get("wrong", 0) for recs in steps.values() for rec in recs)
+    mism = [m for st in states for m in st["mismatches"]]
+    if wrong:
+        reasons.append(f"{wrong} wrong element(s) in {len(mism)} result(s)")
+    return {"operations": {"verified_by_kind": verified, "verified": sum(verified.values()), "per_rank": per_rank,
+                           "steps_per_rank": {r: len(v) for r, v in steps.items()}},
+            "wrong": {"elements": wrong, "results": len(mism), "examples": mism[:20]}}
+
+
+def _errors_and_hangs(data: Mapping[str, Any], schedule: Schedule, t_ref: float,
+                      reasons: List[str]) -> Dict[str, Any]:
+    """The ranks that failed (with the faults active then) and those that hung or died."""
+    errors, hung = [], []
+    spans = analysis.fault_spans(data["log"])
+    for st in data["ranks"]:
+        ex = st.get("exit")
+        if ex and ex.get("error"):
+            e = dict(ex["error"])
+            e["rank"] = st["rank"]
+            e.pop("traceback", None)
+            e["t_rel"] = None if e.get("t") is None else round(e["t"] - t_ref, 3)
+            e["faults_active"] = analysis.labels(schedule, spans, e["t"] - 5.0, e["t"]) if e.get("t") else []
+            e["stderr_tail"] = st.get("stderr_tail", "")
+            errors.append(e)
+        elif ex is None:
+            hung.append({"rank": st["rank"], "hung": st["hung"], "returncode": st["returncode"],
+                         "last_progress": st["progress"], "stderr_tail": st.get("stderr_tail", "")})
+    if errors:
+        reasons.append(f"{len(errors)} rank(s) failed: " + "; ".join(f"rank {e['rank']} {e['type']}" for e in errors))
+    if hung or data.get("hung_during"):
+        reasons.append(f"{len(hung)} rank(s) hung or died"
+                       + (f" ({data['hung_during']})" if data.get("hung_during") else ""))
+    return {"errors": errors, "hung": hung, "hung_during": data.get("hung_during")}
+
+
 def _count_ops(recs) -> Dict[str, int]:
     out: Dict[str, int] = {}
     for rec in recs:
@@ -189,6 +190,7 @@ def _count_ops(recs) -> Dict[str, int]:
 
 # ------------------------------------------------------------ text
 def _ms(x: Optional[float]) -> str:
+    """Seconds as whole milliseconds (the chaos report's unit); ``-`` for none or infinite."""
     return "-" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x * 1000:.0f} ms"
 
 

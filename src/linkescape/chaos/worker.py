@@ -22,7 +22,6 @@ step, so no rank starts a collective that another skips.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -32,24 +31,12 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from .. import jsonl
+from ..jsonl import say
 from . import workload
 
 STOP_EVERY = 4
 WARM_STEPS = 50
-
-
-class Out:
-    """Thread-safe JSON lines on stdout."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def say(self, **record: Any) -> None:
-        record.setdefault("t", time.time())
-        line = json.dumps(record, default=str) + "\n"
-        with self.lock:
-            sys.stdout.write(line)
-            sys.stdout.flush()
 
 
 def resources() -> Dict[str, Any]:
@@ -86,9 +73,9 @@ class Progress:
         self.last_done: Optional[float] = None
 
 
-def _progress_loop(out: Out, prog: Progress, stop: threading.Event) -> None:
+def _progress_loop(prog: Progress, stop: threading.Event) -> None:
     while not stop.wait(0.5):
-        out.say(event="progress", steps=prog.steps, verified=prog.verified, wrong=prog.wrong, step=prog.current,
+        say(event="progress", steps=prog.steps, verified=prog.verified, wrong=prog.wrong, step=prog.current,
                 since=prog.since, last_done=prog.last_done)
 
 
@@ -101,26 +88,25 @@ def run(args: argparse.Namespace) -> int:
 
     from linkescape import Communicator, FileStore
 
-    out = Out()
     prog = Progress()
     counts: Dict[str, int] = {name: 0 for name in workload.OPERATIONS}
     error: Optional[Dict[str, Any]] = None
     stop_progress = threading.Event()
     ops_fd = os.open(args.ops, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    out.say(event="resources", at="start", **resources())
+    say(event="resources", at="start", **resources())
     comm = None
     try:
         comm = Communicator(FileStore(args.store, timeout=120), args.rank, args.world)
-        out.say(event="ready", rank=args.rank, rails=list(comm.rails))
-        threading.Thread(target=_progress_loop, args=(out, prog, stop_progress), name="chaos-progress",
+        say(event="ready", rank=args.rank, rails=list(comm.rails))
+        threading.Thread(target=_progress_loop, args=(prog, stop_progress), name="chaos-progress",
                          daemon=True).start()
         flag = np.zeros(1, np.int32)
         k = 0
         while True:
             step = workload.plan_step(args.seed, k, args.world, args.max_bytes)
             prog.current, prog.since = k, time.time()
-            rec = _run_step(comm, args.seed, step, args.rank, args.world, out)
-            os.write(ops_fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+            rec = _run_step(comm, args.seed, step, args.rank, args.world)
+            jsonl.write(ops_fd, rec, compact=True)
             prog.steps += 1
             prog.wrong += rec["wrong"]
             prog.last_done = rec["t1"]
@@ -130,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                     counts[name] += 1
             prog.verified = sum(counts.values())
             if k + 1 == WARM_STEPS:
-                out.say(event="resources", at="warm", **resources())
+                say(event="resources", at="warm", **resources())
             if k % STOP_EVERY == STOP_EVERY - 1:
                 flag[0] = 1 if os.path.exists(args.stop_file) else 0
                 comm.all_reduce(flag)
@@ -138,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
                     break
             k += 1
         comm.barrier()
-        out.say(event="resources", at="end", **resources())
+        say(event="resources", at="end", **resources())
         comm.close()
         comm = None
         time.sleep(0.2)  # threads the close stopped are gone by now, or never will be
         left = [t.name for t in threading.enumerate() if t is not threading.current_thread()
                 and not t.name.startswith("chaos-")]
-        out.say(event="resources", at="closed", leftover_threads=left, **resources())
+        say(event="resources", at="closed", leftover_threads=left, **resources())
     except BaseException as exc:  # noqa: BLE001 - reported to the controller
         error = {"type": type(exc).__name__, "message": str(exc),
                  "attrs": {k: v for k, v in vars(exc).items() if not k.startswith("_")},
@@ -153,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stop_progress.set()
         os.close(ops_fd)
-    out.say(event="exit", rank=args.rank, counts=counts, steps=prog.steps, wrong=prog.wrong, error=error)
+    say(event="exit", rank=args.rank, counts=counts, steps=prog.steps, wrong=prog.wrong, error=error)
     sys.stdout.flush()
     if comm is not None:
         try:
@@ -163,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     os._exit(0 if error is None and prog.wrong == 0 else 1)
 
 
-def _run_step(comm, seed: int, step: workload.Step, rank: int, world: int, out: Out) -> Dict[str, Any]:
+def _run_step(comm, seed: int, step: workload.Step, rank: int, world: int) -> Dict[str, Any]:
     t0 = time.time()
     posted = []
     if step.kind == "op":
@@ -189,7 +175,7 @@ def _run_step(comm, seed: int, step: workload.Step, rank: int, world: int, out: 
             wrong += res["wrong"]
             bad.append({"op": op.kind, "dtype": op.dtype, "count": op.count, "root": op.root, "reduce": op.op,
                         "salt": op.salt, **res})
-            out.say(event="mismatch", k=step.k, **bad[-1])
+            say(event="mismatch", k=step.k, **bad[-1])
     rec: Dict[str, Any] = {"k": step.k, "kind": step.kind,
                            "ops": [[op.kind, op.dtype, op.nbytes(world)] for op in step.ops],
                            "t0": round(t0, 6), "t1": round(t1, 6), "wrong": wrong}

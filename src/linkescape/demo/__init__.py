@@ -78,11 +78,11 @@ def _save_samples(run, out: str) -> None:
     """The raw NIC counter samples of the faulty run (``tx_samples.jsonl``)."""
     if run is None or not run.samples:
         return
-    import json
+    from .. import jsonl
 
     with open(os.path.join(out, "tx_samples.jsonl"), "w") as f:
         for t, vals in run.samples:
-            f.write(json.dumps({"t": t, "tx_bytes": vals}) + "\n")
+            f.write(jsonl.encode({"t": t, "tx_bytes": vals}))
 
 
 def _print_summary(rep: Dict[str, Any], console, quiet: bool) -> None:
@@ -90,14 +90,14 @@ def _print_summary(rep: Dict[str, Any], console, quiet: bool) -> None:
 
     md = to_markdown(rep)
     if quiet:
-        from .report import _ms
+        from ..tools.timeline import NOT_SEEN, format_ms
 
         bi = rep.get("bit_identical")
         lines = [("EMULATED faults (no testbed). " if rep.get("emulated") else "") + f"steps lost: {rep['steps_lost']}",
                  "bit-identical to the fault-free run: " + ("skipped" if bi is None else "yes" if bi else "NO")]
         for f in rep.get("faults", []):
-            lines.append(f"{f['label']}: detected after {_ms(f['detection_ms'])}, "
-                         f"back on rail 0 {_ms(f['recovery_ms'])} after the repair")
+            lines.append(f"{f['label']}: detected after {format_ms(f['detection_ms'], NOT_SEEN)}, "
+                         f"back on rail 0 {format_ms(f['recovery_ms'], NOT_SEEN)} after the repair")
         lines += [f"issue: {i}" for i in rep.get("issues", [])]
         lines.append(f"report: {rep['report_md']}")
         console.print("\n".join(lines), highlight=False, markup=False)

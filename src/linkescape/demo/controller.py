@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..events import expand_path
-from ..testbed.job import RankJob, Tail, read_jsonl
-from .faultplan import EmulatedInjector, Fault, FaultRunner, Injector, TestbedInjector, plan_faults, schedule_of
-from .live import LiveState, Monitor
+from ..testbed.job import RankJob
+from .faultplan import EmulatedInjector, Injector, PlayedFault, TestbedInjector
+from .live import FaultRunner, LiveState, Monitor
 from .model import DEFAULT_SIZE
-from .sampling import SAMPLE_INTERVAL, FileTxSampler, NetnsTxSampler, rates_from
+from .sampling import FileTxSampler, testbed_sampler
 
 #: that three faults, each with its repair and failback, fit in it
 MIN_FAULT_WINDOW = 16.0
@@ -72,7 +72,7 @@ class RunResult:
     rc: Optional[int] = None
     wall_s: float = 0.0
     error: Optional[str] = None
-    faults: List[Fault] = field(default_factory=list)
+    faults: List[PlayedFault] = field(default_factory=list)
     samples: List[Tuple[float, List[List[int]]]] = field(default_factory=list)
     planned_duration: Optional[float] = None
     fault_error: Optional[str] = None
@@ -138,13 +138,35 @@ def _run_job(start_job: Callable[[], int], state: LiveState, run: RunResult, sam
     return run
 
 
+def _play_runs(opts: DemoOptions, display_factory, title: str, hosts: int, rails: int,
+               prepare: Callable[[int, bool, str, float], Tuple[Callable[[], int], Any, Optional[Injector]]]
+               ) -> List[RunResult]:
+    """The faulty run, then (unless ``--no-reference``) the fault-free one, each in its directory with its live
+    view; ``prepare(k, faulty, run_dir, min_duration)`` gives a run its job, sampler and injector."""
+    results: List[RunResult] = []
+    plan = [("faulty", True)] + ([("reference", False)] if opts.reference else [])
+    for k, (name, faulty) in enumerate(plan):
+        run_dir = os.path.join(opts.out, name)
+        _prepare_run_dir(run_dir)
+        run = RunResult(name, run_dir)
+        state = LiveState(hosts, rails, opts.steps, title, name)
+        display = display_factory(state)
+        min_duration = MIN_FAULT_WINDOW if faulty else 0.0
+        job, sampler, injector = prepare(k, faulty, run_dir, min_duration)
+        with display:
+            _run_job(job, state, run, sampler, injector, opts, display, min_duration)
+        results.append(run)
+        if run.rc != 0 and faulty:
+            break  # no point in a reference for a run that failed
+    return results
+
+
 # -- testbed
 def testbed_runs(opts: DemoOptions, display_factory) -> Tuple[Dict[str, Any], List[RunResult]]:
     from ..testbed.netns import TestbedError, make_temporary, release
 
     if opts.rails < 2:
         raise DemoError("the demo needs at least 2 rails: a rail that fails needs a backup")
-    results: List[RunResult] = []
     try:
         tb = make_temporary(opts.hosts, opts.rails, rate=opts.rate, prefix="demo")
     except TestbedError as exc:
@@ -152,29 +174,18 @@ def testbed_runs(opts: DemoOptions, display_factory) -> Tuple[Dict[str, Any], Li
     try:
         info = {"mode": "testbed", "testbed": {"name": tb.name, "hosts": tb.hosts, "rails": tb.rails,
                                                "rate": tb.rate}}
-        plan = [("faulty", True)] + ([("reference", False)] if opts.reference else [])
-        for k, (name, faulty) in enumerate(plan):
-            run_dir = os.path.join(opts.out, name)
-            _prepare_run_dir(run_dir)
-            run = RunResult(name, run_dir)
-            title = (f"linkescape demo: {tb.hosts} hosts x {tb.rails} rails at {tb.rate or 'unshaped'} "
-                     f"(testbed {tb.name})")
-            state = LiveState(tb.hosts, tb.rails, opts.steps, title, name)
-            display = display_factory(state)
-            min_duration = MIN_FAULT_WINDOW if faulty else 0.0
-            log_path = os.path.join(run_dir, "train.log")
+        title = (f"linkescape demo: {tb.hosts} hosts x {tb.rails} rails at {tb.rate or 'unshaped'} "
+                 f"(testbed {tb.name})")
 
-            def job(run_dir=run_dir, k=k, min_duration=min_duration, log_path=log_path) -> int:
-                return _testbed_job(tb, train_args(opts, run_dir, min_duration), job_env(run_dir), log_path,
-                                    master_port=29500 + k, timeout=run_timeout(opts))
+        def prepare(k: int, faulty: bool, run_dir: str, min_duration: float):
+            def job() -> int:
+                return _testbed_job(tb, train_args(opts, run_dir, min_duration), job_env(run_dir),
+                                    os.path.join(run_dir, "train.log"), master_port=29500 + k,
+                                    timeout=run_timeout(opts))
 
-            sampler = NetnsTxSampler(tb) if faulty else None
-            injector = TestbedInjector(tb) if faulty else None
-            with display:
-                _run_job(job, state, run, sampler, injector, opts, display, min_duration)
-            results.append(run)
-            if run.rc != 0 and faulty:
-                break  # no point in a reference for a run that failed
+            return job, testbed_sampler(tb) if faulty else None, TestbedInjector(tb) if faulty else None
+
+        results = _play_runs(opts, display_factory, title, tb.hosts, tb.rails, prepare)
     finally:
         release(tb)  # always torn down: failure, Ctrl-C (KeyboardInterrupt) or success
     return info, results
@@ -233,17 +244,9 @@ def emulated_runs(opts: DemoOptions, display_factory, reason: str) -> Tuple[Dict
     info = {"mode": "emulated", "emulated_reason": reason,
             "testbed": {"name": None, "hosts": opts.hosts, "rails": opts.rails, "rate": None,
                         "rail_addresses": rails.split(",")}}
-    results: List[RunResult] = []
-    plan = [("faulty", True)] + ([("reference", False)] if opts.reference else [])
-    for name, faulty in plan:
-        run_dir = os.path.join(opts.out, name)
-        _prepare_run_dir(run_dir)
-        run = RunResult(name, run_dir)
-        title = (f"linkescape demo (EMULATED faults): {opts.hosts} ranks x {opts.rails} loopback rails "
-                 f"({rails})")
-        state = LiveState(opts.hosts, opts.rails, opts.steps, title, name)
-        display = display_factory(state)
-        min_duration = MIN_FAULT_WINDOW if faulty else 0.0
+    title = f"linkescape demo (EMULATED faults): {opts.hosts} ranks x {opts.rails} loopback rails ({rails})"
+
+    def prepare(k: int, faulty: bool, run_dir: str, min_duration: float):
         argv = train_args(opts, run_dir, min_duration)
         env = job_env(run_dir)
         env["LINKESCAPE_RAILS"] = rails
@@ -257,15 +260,14 @@ def emulated_runs(opts: DemoOptions, display_factory, reason: str) -> Tuple[Dict
             injector = EmulatedInjector(control)
             sampler = FileTxSampler([rail_bytes.replace("{rank}", str(r)) for r in range(opts.hosts)], opts.rails)
 
-        def job(argv=argv, env=env, run_dir=run_dir) -> int:
+        def job() -> int:
             return _local_job(argv, opts.hosts, env, os.path.join(run_dir, "train.log"), run_timeout(opts))
 
-        with display:
-            _run_job(job, state, run, sampler, injector, opts, display, min_duration)
-        results.append(run)
-        if run.rc != 0 and faulty:
-            break
+        return job, sampler, injector
+
+    results = _play_runs(opts, display_factory, title, opts.hosts, opts.rails, prepare)
     return info, results
+
 
 def testbed_unavailable() -> Optional[str]:
     """Why no testbed can be built here (None when it probably can)."""
@@ -280,8 +282,5 @@ def testbed_unavailable() -> Optional[str]:
     return None
 
 
-__all__ = ["DemoOptions", "DemoError", "plan_faults", "Fault", "LiveState", "RunResult", "testbed_runs",
-           "emulated_runs", "testbed_unavailable", "TestbedUnavailable", "Tail", "read_jsonl", "MIN_FAULT_WINDOW",
-           # re-exported from the parts
-           "FaultRunner", "Injector", "TestbedInjector", "EmulatedInjector", "schedule_of", "Monitor",
-           "NetnsTxSampler", "FileTxSampler", "rates_from", "SAMPLE_INTERVAL"]
+__all__ = ["DemoOptions", "DemoError", "RunResult", "testbed_runs", "emulated_runs", "testbed_unavailable",
+           "TestbedUnavailable", "job_env", "train_args", "MIN_FAULT_WINDOW"]

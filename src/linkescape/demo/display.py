@@ -7,14 +7,8 @@ import threading
 import time
 from typing import Any, List, Optional
 
-from .controller import LiveState
-from ..tools.timeline import fault_timing
-
-
-def _fmt_ms(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    return "< 1 ms" if v < 1 else f"{v:,.0f} ms" if v >= 10 else f"{v:.1f} ms"
+from .live import LiveState
+from ..tools.timeline import fault_timing, format_ms
 
 
 class NullDisplay:
@@ -160,9 +154,9 @@ class LiveDisplay(NullDisplay):
                 timing = fault_timing(f, events)
                 ft.add_row(f.label,
                            "planned" if f.ts is None else f"{f.ts - ref:5.1f} s",
-                           _fmt_ms(timing["detection_ms"]),
+                           format_ms(timing["detection_ms"]),
                            "-" if f.restored is None else f"{f.restored - ref:5.1f} s",
-                           _fmt_ms(timing["recovery_ms"]))
+                           format_ms(timing["recovery_ms"]))
             parts += [Text(""), ft]
         ev = Text()
         for i, (ts, text, style) in enumerate(lines):

@@ -18,11 +18,12 @@ rank applies each one and appends ``{"id", "action", "rail", "ts"}`` to
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict
+
+from .. import jsonl
 
 ACTIONS = ("cut", "blackhole", "restore")
 
@@ -42,20 +43,16 @@ def apply_fault(comm, action: str, rail: int) -> float:
     return comm.inject_fault(rail, action)
 
 
-class FaultAgent:
-    """Thread in a rank that applies the controller's emulated faults."""
+class _Ticker:
+    """A daemon thread in a rank that calls :meth:`tick` every ``interval`` s until :meth:`stop`."""
 
-    def __init__(self, control_dir: str, rank: int, comm_getter: Callable[[], Any] = find_communicator,
-                 interval: float = 0.01) -> None:
-        self.cmd_path = os.path.join(control_dir, f"rank{rank}.cmd.jsonl")
-        self.applied_path = os.path.join(control_dir, f"rank{rank}.applied.jsonl")
-        self.rank = rank
+    def __init__(self, name: str, comm_getter: Callable[[], Any], interval: float) -> None:
         self._get = comm_getter
         self._interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"demo-fault-agent-{rank}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def start(self) -> "FaultAgent":
+    def start(self):
         self._thread.start()
         return self
 
@@ -64,37 +61,33 @@ class FaultAgent:
         self._thread.join(2.0)
 
     def _loop(self) -> None:
-        pos = 0
-        buf = b""
         while not self._stop.wait(self._interval):
+            self.tick()
+
+    def tick(self) -> None:  # pragma: no cover - every ticker has its own
+        raise NotImplementedError
+
+
+class FaultAgent(_Ticker):
+    """Thread in a rank that applies the controller's emulated faults."""
+
+    def __init__(self, control_dir: str, rank: int, comm_getter: Callable[[], Any] = find_communicator,
+                 interval: float = 0.01) -> None:
+        super().__init__(f"demo-fault-agent-{rank}", comm_getter, interval)
+        self.cmd_path = os.path.join(control_dir, f"rank{rank}.cmd.jsonl")
+        self.applied_path = os.path.join(control_dir, f"rank{rank}.applied.jsonl")
+        self.rank = rank
+        self._commands = jsonl.Tail(self.cmd_path)
+
+    def tick(self) -> None:
+        for cmd in self._commands.read():
+            rec: Dict[str, Any] = dict(cmd)
             try:
-                with open(self.cmd_path, "rb") as f:
-                    f.seek(pos)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            pos += len(data)
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if not line.strip():
-                    continue
-                cmd = json.loads(line)
-                rec: Dict[str, Any] = dict(cmd)
-                try:
-                    rec["ts"] = apply_fault(self._get(), cmd["action"], int(cmd["rail"]))
-                except Exception as exc:  # noqa: BLE001 - reported to the controller
-                    rec["ts"] = time.time()
-                    rec["error"] = f"{type(exc).__name__}: {exc}"
-                _append(self.applied_path, rec)
-
-
-def _append(path: str, record: Dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
+                rec["ts"] = apply_fault(self._get(), cmd["action"], int(cmd["rail"]))
+            except Exception as exc:  # noqa: BLE001 - reported to the controller
+                rec["ts"] = time.time()
+                rec["error"] = f"{type(exc).__name__}: {exc}"
+            jsonl.append(self.applied_path, rec)
 
 
 # ------------------------------------------------------------ in the controller
@@ -105,16 +98,15 @@ class FaultClient:
         self.dir = control_dir
         os.makedirs(control_dir, exist_ok=True)
         self._next = 0
-        self._pos: Dict[int, int] = {}
 
     def apply(self, rank: int, action: str, rail: int, timeout: float = 10.0) -> float:
         self._next += 1
         cid = self._next
-        _append(os.path.join(self.dir, f"rank{rank}.cmd.jsonl"), {"id": cid, "action": action, "rail": rail})
+        jsonl.append(os.path.join(self.dir, f"rank{rank}.cmd.jsonl"), {"id": cid, "action": action, "rail": rail})
         path = os.path.join(self.dir, f"rank{rank}.applied.jsonl")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for rec in _read_jsonl(path):
+            for rec in jsonl.read(path):
                 if rec.get("id") == cid:
                     if rec.get("error"):
                         raise RuntimeError(f"rank {rank}: emulated {action} on rail {rail} failed: {rec['error']}")
@@ -123,25 +115,8 @@ class FaultClient:
         raise TimeoutError(f"rank {rank} did not apply emulated {action} on rail {rail} within {timeout}s")
 
 
-def _read_jsonl(path: str) -> List[Dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            out = []
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-            return out
-    except FileNotFoundError:
-        return []
-
-
-__all__ = ["apply_fault", "find_communicator", "FaultAgent", "FaultClient", "ACTIONS"]
-
-
 # ------------------------------------------------------------ per-rail byte counters (no NIC to read)
-class RailByteSampler:
+class RailByteSampler(_Ticker):
     """Thread in a rank that writes its bytes sent per rail every ``interval`` s.
 
     Used where the rails have no NIC of their own (loopback): the bytes the
@@ -150,33 +125,18 @@ class RailByteSampler:
     """
 
     def __init__(self, path: str, comm_getter: Callable[[], Any] = find_communicator, interval: float = 0.05):
+        super().__init__("demo-rail-bytes", comm_getter, interval)
         self.path = path
-        self._get = comm_getter
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="demo-rail-bytes", daemon=True)
-
-    def start(self) -> "RailByteSampler":
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2.0)
+        super().stop()
+        self.tick()  # the last count
+
+    def tick(self) -> None:
         try:
-            self._write()
-        except Exception:  # noqa: BLE001
+            jsonl.append(self.path, {"t": time.time(), "tx": [r["sent"] for r in self._get().rail_bytes()]})
+        except Exception:  # noqa: BLE001 - best effort
             pass
 
-    def _sample(self) -> List[int]:
-        return [r["sent"] for r in self._get().rail_bytes()]
 
-    def _write(self) -> None:
-        _append(self.path, {"t": time.time(), "tx": list(self._sample())})
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._write()
-            except Exception:  # noqa: BLE001 - best effort
-                pass
+__all__ = ["apply_fault", "find_communicator", "FaultAgent", "FaultClient", "RailByteSampler", "ACTIONS"]

@@ -1,8 +1,9 @@
-"""What the demo shows while it runs: :class:`LiveState`, fed by :class:`Monitor`.
+"""What the demo shows while it runs: :class:`LiveState`, fed by :class:`Monitor` and :class:`FaultRunner`.
 
 The monitor tails the training steps and every rank's event trail and
-refreshes the NIC rates; the fault runner adds the faults and rail states.
-The display (:mod:`.display`) and the plain output read the state.
+refreshes the NIC rates; the fault runner plays the fault plan and adds the
+faults and rail states. The display (:mod:`.display`) and the plain output
+read the state.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..testbed.job import Tail
-from .faultplan import Fault
+from ..faults import ScheduleRunner
+from ..jsonl import Tail
+from .faultplan import Injector, PlayedFault, plan_faults, schedule_of
 from .sampling import rates_from
 
 
@@ -35,7 +37,7 @@ class LiveState:
                                                               if a != b}
         self.events: List[Dict[str, Any]] = []
         self.lines: List[Tuple[float, str, str]] = []  # (ts, text, style) for the event pane / plain output
-        self.faults: List[Fault] = []
+        self.faults: List[PlayedFault] = []
         self.planned_duration: Optional[float] = None
         self.rates: Optional[List[List[float]]] = None  # Mbit/s per host and rail, once sampled
         self.listeners: List[Callable[[float, str, str], None]] = []
@@ -72,7 +74,7 @@ class LiveState:
         return None
 
     # -- faults and rails
-    def set_faults(self, faults: List[Fault], duration: float) -> None:
+    def set_faults(self, faults: List[PlayedFault], duration: float) -> None:
         with self.lock:
             self.faults = faults
             self.planned_duration = duration
@@ -170,4 +172,77 @@ class Monitor(threading.Thread):
         self.poll()
 
 
-__all__ = ["LiveState", "Monitor"]
+class FaultRunner(threading.Thread):
+    """Plays the fault plan once training has started; always leaves every rail repaired."""
+
+    def __init__(self, injector: Injector, state: LiveState, hosts: int, rails: int,
+                 min_duration: float, stop: threading.Event) -> None:
+        super().__init__(name="demo-faults", daemon=True)
+        self.injector = injector
+        self.state = state
+        self.hosts = hosts
+        self.rails = rails
+        self.min_duration = min_duration
+        self.stop_ev = stop
+        self.faults: List[PlayedFault] = []
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the controller
+            self.error = exc
+            self.state.note(f"fault injection failed: {exc}", style="bold red")
+
+    def _run(self) -> None:
+        t0 = self.state.wait_training_start(self.stop_ev)
+        if t0 is None:
+            return
+        duration = self.state.estimate_duration(self.min_duration, self.stop_ev)
+        if duration is None:
+            return
+        self.faults = plan_faults(duration, self.hosts, self.rails)
+        self.state.set_faults(self.faults, duration)
+        runner = ScheduleRunner(schedule_of(self.faults, duration, self.hosts, self.rails), self.injector,
+                                        on_step=self._on_step)
+        runner.start(t0)
+        try:
+            while runner.running:
+                if self.stop_ev.wait(0.05):
+                    break
+        finally:
+            runner.stop()  # repairs whatever is still down
+            for f in self.faults:
+                self.state.set_rail(f.host, f.rail, "up")
+        if runner.error is not None:
+            raise runner.error
+
+    def _on_step(self, rec: Dict[str, Any]) -> None:
+        f = self.faults[rec["fault"]]
+        ts = rec["ts"]
+        issued = rec["planned"] + (rec.get("late") or 0.0) if rec.get("planned") else ts  # when the command began
+        if rec["action"] == "apply":
+            if f.issued is None:
+                f.issued, f.ts = issued, ts
+                if f.kind == "flap":
+                    self.state.fault_line(ts, f"FLAP host {f.host} rail {f.rail} ({f.count} x {f.period:.2f}s)")
+            f.transitions.append((ts, "down"))
+            if f.kind == "flap":
+                self.state.set_rail(f.host, f.rail, "FLAPPING (down)")
+            else:
+                self.state.set_rail(f.host, f.rail, "CUT" if f.kind == "cut" else "BLACKHOLED")
+                self.state.fault_line(ts, f"{f.kind.upper()} host {f.host} rail {f.rail}")
+            return
+        f.restore_issued, f.restored = issued, ts
+        f.transitions.append((ts, "up"))
+        last = sum(1 for t in f.transitions if t[1] == "up") >= (f.count if f.kind == "flap" else 1)
+        if f.kind == "flap":
+            self.state.set_rail(f.host, f.rail, "up" if last else "FLAPPING (up)")
+            if last:
+                self.state.fault_line(ts, f"FLAP host {f.host} rail {f.rail} over, link up")
+        else:
+            self.state.set_rail(f.host, f.rail, "up")
+            self.state.fault_line(ts, f"RESTORE host {f.host} rail {f.rail}")
+
+
+__all__ = ["LiveState", "Monitor", "FaultRunner"]

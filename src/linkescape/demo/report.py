@@ -13,7 +13,8 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..tools.timeline import DETECT_EVENTS, DETECT_WINDOW, draw_timeline, fault_timing, related  # noqa: F401 - re-exported
+from .. import jsonl
+from ..tools.timeline import NOT_SEEN, draw_timeline, fault_timing, format_ms, related  # noqa: F401 - re-exported
 
 
 # ------------------------------------------------------------------ events
@@ -28,18 +29,9 @@ def read_events(run_dir: str) -> List[Dict[str, Any]]:
 
 def read_steps(run_dir: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """(start records, step records) of a run's steps.jsonl."""
-    path = os.path.join(run_dir, "steps.jsonl")
     starts, steps = [], []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                (starts if "start" in r else steps).append(r)
-    except FileNotFoundError:
-        pass
+    for r in jsonl.read(os.path.join(run_dir, "steps.jsonl")):
+        (starts if "start" in r else steps).append(r)
     return starts, steps
 
 
@@ -86,6 +78,29 @@ def build_report(opts, info: Dict[str, Any], runs: Sequence[Any], started: float
     by_name = {r.name: r for r in runs}
     faulty = by_name.get("faulty")
     ref = by_name.get("reference")
+    rep = _header(opts, info)
+    issues: List[str] = []
+    events: List[Dict[str, Any]] = []
+    if faulty is not None:
+        events = _faulty_run(rep, opts, faulty, issues)
+    else:
+        rep["steps_lost"] = opts.steps
+        rep["training_ok"] = False
+        rep["faults"] = []
+    if ref is not None and faulty is not None:
+        _comparison(rep, opts, faulty, ref, issues)
+    else:
+        rep["bit_identical"] = None
+        rep["comparison"] = None
+    if events:
+        _traffic_back(rep, events, issues)
+    rep["issues"] = issues
+    rep["runtime_s"] = round(time.time() - started, 1)
+    return rep
+
+
+def _header(opts, info: Dict[str, Any]) -> Dict[str, Any]:
+    """What ran: mode, testbed, model, and the library settings of the runs."""
     rep: Dict[str, Any] = {
         "title": "linkescape demo: training through NIC, cable and optic failures",
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -108,140 +123,136 @@ def build_report(opts, info: Dict[str, Any], runs: Sequence[Any], started: float
     rep["library_settings"] = {"env": env, "silent_timeout_ms": round(cfg.silent_timeout * 1000),
                                "failback_holddown_ms": round(cfg.failback_holddown * 1000),
                                "heartbeat_ms": round(cfg.heartbeat_interval * 1000)}
-    issues: List[str] = []
-    events: List[Dict[str, Any]] = []
-    # -- the faulty run
-    if faulty is not None:
-        starts, steps = read_steps(faulty.dir)
-        final = _read_json(os.path.join(faulty.dir, "final.json"))
-        errors = _errors(faulty.dir)
-        recorded = sorted({s["step"] for s in steps})
-        events = read_events(faulty.dir)
-        t_start = starts[0]["start"] if starts else None
-        rep["params"] = (final or {}).get("params") or (starts[0].get("params") if starts else None)
-        rep["faulty_run"] = {
-            "exit_status": faulty.rc, "wall_s": round(faulty.wall_s, 2), "steps_recorded": len(recorded),
-            "restarts": max(0, len(starts) - 1), "exceptions": errors, "final": final,
-            "training_s": round(steps[-1]["t"] - t_start, 2) if steps and t_start else None,
-            "mean_step_s": round(sum(s["dt"] for s in steps[1:]) / max(1, len(steps) - 1), 4) if steps else None,
-            "paced_min_duration_s": starts[0].get("min_duration") if starts else None,
-            "paused_s": (final or {}).get("paused_s"),
-            "planned_fault_window_s": faulty.planned_duration,
-            "fault_injection_error": faulty.fault_error,
-            "events": len(events),
-            "events_by_kind": {k: sum(1 for e in events if e.get("event") == k)
-                               for k in sorted({e.get("event") for e in events})},
-        }
-        rep["steps_lost"] = opts.steps - len(recorded)
-        rep["training_ok"] = (faulty.rc == 0 and not errors and len(starts) == 1 and rep["steps_lost"] == 0
-                              and bool(final) and final.get("ranks_agree") is True)
-        if rep["steps_lost"]:
-            issues.append(f"{rep['steps_lost']} training steps lost in the faulty run")
-        if faulty.rc != 0:
-            issues.append(f"the faulty run exited with status {faulty.rc} (see {faulty.dir}/train.log)")
-        if errors:
-            issues.append("exceptions in the faulty run: " + "; ".join(errors))
-        if final and final.get("ranks_agree") is False:
-            issues.append("the ranks ended the faulty run with different parameters")
-        if faulty.fault_error:
-            issues.append(f"fault injection failed: {faulty.fault_error}")
-        # -- faults
-        faults = []
-        fl = list(faulty.faults)
-        for i, f in enumerate(fl):
-            nxt = fl[i + 1].issued if i + 1 < len(fl) and fl[i + 1].issued else None
-            d = f.to_dict()
-            timing = fault_timing(f, events, until=nxt)
-            d.update(timing)
-            if t_start is not None:
-                d["at_s"] = None if f.ts is None else round(f.ts - t_start, 3)
-                d["restored_at_s"] = None if f.restored is None else round(f.restored - t_start, 3)
-            if f.ts is not None and f.issued is not None:
-                d["fault_ts_uncertainty_ms"] = round((f.ts - f.issued) * 1000.0, 2)
-            if f.ts is not None and timing["detection_ms"] is None:
-                issues.append(f"{f.label}: no rank reported it (no link_down/failover event)")
-            if f.restored is not None and timing["recovery_ms"] is None:
-                issues.append(f"{f.label}: traffic never moved back after the repair (no failback event)")
-            if timing["no_path"] or timing["peer_lost"]:
-                issues.append(f"{f.label}: {timing['no_path']} no_path / {timing['peer_lost']} peer_lost events")
-            faults.append(d)
-        rep["faults"] = faults
-        if len(fl) < 3:
-            issues.append(f"only {len(fl)} of 3 faults were injected (training ended first?)")
-    else:
-        rep["steps_lost"] = opts.steps
-        rep["training_ok"] = False
-        rep["faults"] = []
-    # -- the reference comparison
-    if ref is not None and faulty is not None:
-        _, fsteps = read_steps(faulty.dir)
-        _, rsteps = read_steps(ref.dir)
-        ffinal = _read_json(os.path.join(faulty.dir, "final.json")) or {}
-        rfinal = _read_json(os.path.join(ref.dir, "final.json")) or {}
-        fl_hex = [s["loss_hex"] for s in sorted(fsteps, key=lambda s: s["step"])]
-        rl_hex = [s["loss_hex"] for s in sorted(rsteps, key=lambda s: s["step"])]
-        div = next((i for i, (a, b) in enumerate(zip(fl_hex, rl_hex)) if a != b), None)
-        losses_same = fl_hex == rl_hex and len(fl_hex) == opts.steps
-        hash_same = bool(ffinal.get("params_sha256")) and ffinal.get("params_sha256") == rfinal.get("params_sha256")
-        arrays_same = _params_equal(faulty.dir, ref.dir)
-        ref_events = read_events(ref.dir)
-        rstarts, _ = read_steps(ref.dir)
-        r_train = (round(rsteps[-1]["t"] - rstarts[0]["start"], 2) if rsteps and rstarts else None)
-        rep["reference_run"] = {"exit_status": ref.rc, "wall_s": round(ref.wall_s, 2), "training_s": r_train,
-                                "steps_recorded": len(rsteps), "exceptions": _errors(ref.dir),
-                                "final": rfinal or None, "events": len(ref_events)}
-        rep["comparison"] = {
-            "losses_identical": losses_same, "first_divergent_step": div,
-            "params_sha256_faulty": ffinal.get("params_sha256"),
-            "params_sha256_reference": rfinal.get("params_sha256"),
-            "params_hash_identical": hash_same, "params_arrays_identical": arrays_same,
-            "max_abs_loss_diff": max((abs(a["loss"] - b["loss"]) for a, b in
-                                      zip(sorted(fsteps, key=lambda s: s["step"]),
-                                          sorted(rsteps, key=lambda s: s["step"]))), default=None),
-        }
-        rep["bit_identical"] = bool(losses_same and hash_same and arrays_same)
-        if not rep["bit_identical"]:
-            issues.append("the faulty run is not bit-identical to the fault-free reference "
-                          f"(first divergent step {div}, params hash identical: {hash_same})")
-        if ref_events:
-            kinds = sorted({e['event'] for e in ref_events})
-            issues.append(f"{len(ref_events)} link events ({', '.join(kinds)}) in the fault-free reference run")
-        if ref.rc != 0:
-            issues.append(f"the reference run exited with status {ref.rc} (see {ref.dir}/train.log)")
-    else:
-        rep["bit_identical"] = None
-        rep["comparison"] = None
-    # -- traffic is back where it belongs
-    if events:
-        active: Dict[Tuple[int, int], Any] = {}
-        for e in events:
-            if e.get("event") in ("failover", "failback"):
-                active[(e["rank"], e["peer"])] = e["rail"]
-            elif e.get("event") == "no_path":
-                active[(e["rank"], e["peer"])] = None
-        off = sorted(f"{a}->{b}: rail {r}" for (a, b), r in active.items() if r != 0)
-        rep["all_traffic_back_on_rail0"] = not off
-        if off:
-            issues.append("traffic still off the primary rail at the end: " + ", ".join(off))
-    rep["issues"] = issues
-    rep["runtime_s"] = round(time.time() - started, 1)
     return rep
 
 
+def _faulty_run(rep: Dict[str, Any], opts, faulty, issues: List[str]) -> List[Dict[str, Any]]:
+    """The faulty run: steps lost, exceptions, its faults and their timing; returns its events."""
+    starts, steps = read_steps(faulty.dir)
+    final = _read_json(os.path.join(faulty.dir, "final.json"))
+    errors = _errors(faulty.dir)
+    recorded = sorted({s["step"] for s in steps})
+    events = read_events(faulty.dir)
+    t_start = starts[0]["start"] if starts else None
+    rep["params"] = (final or {}).get("params") or (starts[0].get("params") if starts else None)
+    rep["faulty_run"] = {
+        "exit_status": faulty.rc, "wall_s": round(faulty.wall_s, 2), "steps_recorded": len(recorded),
+        "restarts": max(0, len(starts) - 1), "exceptions": errors, "final": final,
+        "training_s": round(steps[-1]["t"] - t_start, 2) if steps and t_start else None,
+        "mean_step_s": round(sum(s["dt"] for s in steps[1:]) / max(1, len(steps) - 1), 4) if steps else None,
+        "paced_min_duration_s": starts[0].get("min_duration") if starts else None,
+        "paused_s": (final or {}).get("paused_s"),
+        "planned_fault_window_s": faulty.planned_duration,
+        "fault_injection_error": faulty.fault_error,
+        "events": len(events),
+        "events_by_kind": {k: sum(1 for e in events if e.get("event") == k)
+                           for k in sorted({e.get("event") for e in events})},
+    }
+    rep["steps_lost"] = opts.steps - len(recorded)
+    rep["training_ok"] = (faulty.rc == 0 and not errors and len(starts) == 1 and rep["steps_lost"] == 0
+                          and bool(final) and final.get("ranks_agree") is True)
+    if rep["steps_lost"]:
+        issues.append(f"{rep['steps_lost']} training steps lost in the faulty run")
+    if faulty.rc != 0:
+        issues.append(f"the faulty run exited with status {faulty.rc} (see {faulty.dir}/train.log)")
+    if errors:
+        issues.append("exceptions in the faulty run: " + "; ".join(errors))
+    if final and final.get("ranks_agree") is False:
+        issues.append("the ranks ended the faulty run with different parameters")
+    if faulty.fault_error:
+        issues.append(f"fault injection failed: {faulty.fault_error}")
+    rep["faults"] = _fault_rows(list(faulty.faults), events, t_start, issues)
+    if len(faulty.faults) < 3:
+        issues.append(f"only {len(faulty.faults)} of 3 faults were injected (training ended first?)")
+    return events
+
+
+def _fault_rows(fl: List[Any], events: List[Dict[str, Any]], t_start: Optional[float],
+            issues: List[str]) -> List[Dict[str, Any]]:
+    """One row per fault: the plan, what became of it, its detection and recovery."""
+    faults = []
+    for i, f in enumerate(fl):
+        nxt = fl[i + 1].issued if i + 1 < len(fl) and fl[i + 1].issued else None
+        d = f.to_dict()
+        timing = fault_timing(f, events, until=nxt)
+        d.update(timing)
+        if t_start is not None:
+            d["at_s"] = None if f.ts is None else round(f.ts - t_start, 3)
+            d["restored_at_s"] = None if f.restored is None else round(f.restored - t_start, 3)
+        if f.ts is not None and f.issued is not None:
+            d["fault_ts_uncertainty_ms"] = round((f.ts - f.issued) * 1000.0, 2)
+        if f.ts is not None and timing["detection_ms"] is None:
+            issues.append(f"{f.label}: no rank reported it (no link_down/failover event)")
+        if f.restored is not None and timing["recovery_ms"] is None:
+            issues.append(f"{f.label}: traffic never moved back after the repair (no failback event)")
+        if timing["no_path"] or timing["peer_lost"]:
+            issues.append(f"{f.label}: {timing['no_path']} no_path / {timing['peer_lost']} peer_lost events")
+        faults.append(d)
+    return faults
+
+
+def _comparison(rep: Dict[str, Any], opts, faulty, ref, issues: List[str]) -> None:
+    """The faulty run against the fault-free one: losses and parameters, bit for bit."""
+    _, fsteps = read_steps(faulty.dir)
+    rstarts, rsteps = read_steps(ref.dir)
+    ffinal = _read_json(os.path.join(faulty.dir, "final.json")) or {}
+    rfinal = _read_json(os.path.join(ref.dir, "final.json")) or {}
+    fsteps, rsteps_sorted = sorted(fsteps, key=lambda s: s["step"]), sorted(rsteps, key=lambda s: s["step"])
+    fl_hex, rl_hex = [s["loss_hex"] for s in fsteps], [s["loss_hex"] for s in rsteps_sorted]
+    div = next((i for i, (a, b) in enumerate(zip(fl_hex, rl_hex)) if a != b), None)
+    losses_same = fl_hex == rl_hex and len(fl_hex) == opts.steps
+    hash_same = bool(ffinal.get("params_sha256")) and ffinal.get("params_sha256") == rfinal.get("params_sha256")
+    arrays_same = _params_equal(faulty.dir, ref.dir)
+    ref_events = read_events(ref.dir)
+    r_train = (round(rsteps[-1]["t"] - rstarts[0]["start"], 2) if rsteps and rstarts else None)
+    rep["reference_run"] = {"exit_status": ref.rc, "wall_s": round(ref.wall_s, 2), "training_s": r_train,
+                            "steps_recorded": len(rsteps), "exceptions": _errors(ref.dir),
+                            "final": rfinal or None, "events": len(ref_events)}
+    rep["comparison"] = {
+        "losses_identical": losses_same, "first_divergent_step": div,
+        "params_sha256_faulty": ffinal.get("params_sha256"),
+        "params_sha256_reference": rfinal.get("params_sha256"),
+        "params_hash_identical": hash_same, "params_arrays_identical": arrays_same,
+        "max_abs_loss_diff": max((abs(a["loss"] - b["loss"]) for a, b in zip(fsteps, rsteps_sorted)), default=None),
+    }
+    rep["bit_identical"] = bool(losses_same and hash_same and arrays_same)
+    if not rep["bit_identical"]:
+        issues.append("the faulty run is not bit-identical to the fault-free reference "
+                      f"(first divergent step {div}, params hash identical: {hash_same})")
+    if ref_events:
+        kinds = sorted({e['event'] for e in ref_events})
+        issues.append(f"{len(ref_events)} link events ({', '.join(kinds)}) in the fault-free reference run")
+    if ref.rc != 0:
+        issues.append(f"the reference run exited with status {ref.rc} (see {ref.dir}/train.log)")
+
+
+def _traffic_back(rep: Dict[str, Any], events: List[Dict[str, Any]], issues: List[str]) -> None:
+    """Is every pair's traffic back on rail 0 at the end?"""
+    active: Dict[Tuple[int, int], Any] = {}
+    for e in events:
+        if e.get("event") in ("failover", "failback"):
+            active[(e["rank"], e["peer"])] = e["rail"]
+        elif e.get("event") == "no_path":
+            active[(e["rank"], e["peer"])] = None
+    off = sorted(f"{a}->{b}: rail {r}" for (a, b), r in active.items() if r != 0)
+    rep["all_traffic_back_on_rail0"] = not off
+    if off:
+        issues.append("traffic still off the primary rail at the end: " + ", ".join(off))
+
+
 # ------------------------------------------------------------------ markdown
-def _ms(v: Optional[float]) -> str:
-    if v is None:
-        return "not seen"
-    if v < 1.0:
-        return "< 1 ms"
-    return f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
-
-
 def _n(v: Optional[int]) -> str:
     return "?" if v is None else f"{v:,}"
 
 
 def to_markdown(rep: Dict[str, Any]) -> str:
+    L: List[str] = []
+    for part in (_md_setup, _md_training, _md_faults, _md_verdict):
+        L += part(rep) + [""]
+    return "\n".join(L)
+
+
+def _md_setup(rep: Dict[str, Any]) -> List[str]:
     L: List[str] = [f"# {rep['title']}", ""]
     tb = rep.get("testbed") or {}
     if rep["mode"] == "testbed":
@@ -261,10 +272,12 @@ def to_markdown(rep: Dict[str, Any]) -> str:
         L.append(f"Library settings: silent-loss timeout {ls['silent_timeout_ms']} ms, "
                  f"heartbeat {ls['heartbeat_ms']} ms, failback hold-down {ls['failback_holddown_ms']} ms "
                  f"(LINKESCAPE_SILENT_TIMEOUT_MS, LINKESCAPE_HEARTBEAT_MS, LINKESCAPE_FAILBACK_HOLDDOWN_MS).")
-    L.append("")
+    return L
+
+
+def _md_training(rep: Dict[str, Any]) -> List[str]:
     fr = rep.get("faulty_run") or {}
-    L.append("## Training")
-    L.append("")
+    L = ["## Training", ""]
     lost = rep["steps_lost"]
     L.append(f"- **Training steps lost: {lost}** ({fr.get('steps_recorded', 0)}/{rep['steps']} steps recorded, "
              f"{fr.get('restarts', 0)} restarts, {len(fr.get('exceptions') or [])} exceptions, exit status "
@@ -291,9 +304,12 @@ def to_markdown(rep: Dict[str, Any]) -> str:
     if final:
         L.append(f"- All {final.get('world_size')} ranks ended with the same parameters: "
                  f"{'yes' if final.get('ranks_agree') else 'NO'}.")
-    L.append("")
-    L.append("## Faults")
-    L.append("")
+    return L
+
+
+def _md_faults(rep: Dict[str, Any]) -> List[str]:
+    fr = rep.get("faulty_run") or {}
+    L = ["## Faults", ""]
     L.append("| fault | at | detected after | first detected by | repaired at | back on rail 0 after "
              "| all pairs back after | failovers / failbacks |")
     L.append("|---|---|---|---|---|---|---|---|")
@@ -302,8 +318,9 @@ def to_markdown(rep: Dict[str, Any]) -> str:
         by = (f"rank {det.get('rank')} {det.get('event')} ({det.get('cause')})" if det else "-")
         at = "-" if f.get("at_s") is None else f"{f['at_s']:.2f} s"
         rat = "-" if f.get("restored_at_s") is None else f"{f['restored_at_s']:.2f} s"
-        L.append(f"| {f['label']} | {at} | {_ms(f['detection_ms'])} | {by} | {rat} | {_ms(f['recovery_ms'])} | "
-                 f"{_ms(f['all_back_ms'])} | {f['failovers']} / {f['failbacks']} |")
+        det_ms, back, all_back = (format_ms(f[k], NOT_SEEN) for k in ("detection_ms", "recovery_ms", "all_back_ms"))
+        L.append(f"| {f['label']} | {at} | {det_ms} | {by} | {rat} | {back} | {all_back} | "
+                 f"{f['failovers']} / {f['failbacks']} |")
     L.append("")
     L.append("Detection: from the moment the fault was in effect (the command that applied it returned) to the "
              "first `link_down` or `failover` event on any rank. Back on rail 0: from the repair to the first "
@@ -317,18 +334,20 @@ def to_markdown(rep: Dict[str, Any]) -> str:
         L.append(f"![timeline]({os.path.basename(rep['timeline_png'])})")
         L.append("")
         L.append(f"Timeline: `{rep['timeline_png']}`")
-    L.append("")
-    L.append("## Verdict")
-    L.append("")
+    return L
+
+
+def _md_verdict(rep: Dict[str, Any]) -> List[str]:
+    L = ["## Verdict", ""]
     if rep.get("issues"):
         for i in rep["issues"]:
             L.append(f"- {i}")
     else:
         L.append("- No issue: every step trained, every fault was detected and repaired, and the result is "
-                 "bit-identical to the fault-free run." if bi else "- No issue found.")
+                 "bit-identical to the fault-free run." if rep.get("bit_identical") else "- No issue found.")
     L.append("")
     L.append(f"Demo runtime: {rep['runtime_s']} s.")
-    return "\n".join(L) + "\n"
+    return L
 
 
 # ------------------------------------------------------------------ timeline picture

@@ -1,86 +1,27 @@
 """The demo's traffic counters: every host NIC's transmitted bytes on one clock.
 
-On a testbed :class:`NetnsTxSampler` reads each host's ``/proc/PID/net/dev``
-through a placeholder process inside the host; emulated,
+On a testbed :func:`testbed_sampler` is the testbed's NIC sampler
+(:class:`linkescape.testbed.counters.NicSampler`); emulated,
 :class:`FileTxSampler` collects the per-rail byte counts the ranks write.
 :func:`rates_from` turns the last samples into Mbit/s per host and rail.
 """
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from ..testbed.job import Tail
+from ..jsonl import Tail
+from ..testbed.counters import NicSampler
 
 #: seconds between two samples
 SAMPLE_INTERVAL = 0.05
 
 
-class NetnsTxSampler(threading.Thread):
-    """Samples every host NIC's tx_bytes every 50 ms, from the root namespace.
-
-    A placeholder process (``sleep``) is started inside each host; the
-    kernel shows that process's network namespace in ``/proc/PID/net/dev``,
-    so the controller reads every host's counters without forking a process
-    per sample.
-    """
-
-    def __init__(self, tb, interval: float = SAMPLE_INTERVAL) -> None:
-        super().__init__(name="demo-tx-sampler", daemon=True)
-        self.tb = tb
-        self.interval = interval
-        self.nics = tb.rail_nics
-        self.holders = [tb.popen(i, ["sleep", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                        for i in range(tb.hosts)]
-        self.samples: List[Tuple[float, List[List[int]]]] = []  # (t, [host][rail] tx bytes)
-        self._stop_ev = threading.Event()
-        self.lock = threading.Lock()
-
-    def _read(self, pid: int) -> List[int]:
-        with open(f"/proc/{pid}/net/dev") as f:
-            rows = f.read().splitlines()[2:]
-        tx = {}
-        for row in rows:
-            name, _, rest = row.partition(":")
-            cols = rest.split()
-            if len(cols) >= 9:
-                tx[name.strip()] = int(cols[8])
-        return [tx.get(n, 0) for n in self.nics]
-
-    def sample(self) -> None:
-        t = time.time()
-        vals = [self._read(p.pid) for p in self.holders]
-        with self.lock:
-            self.samples.append((t, vals))
-
-    def run(self) -> None:
-        time.sleep(0.05)  # let `ip netns exec` become `sleep` inside the namespace
-        nxt = time.monotonic()
-        while not self._stop_ev.is_set():
-            try:
-                self.sample()
-            except (OSError, ValueError):
-                pass
-            nxt += self.interval
-            self._stop_ev.wait(max(0.0, nxt - time.monotonic()))
-
-    def stop(self) -> None:
-        self._stop_ev.set()
-        self.join(2.0)
-        for p in self.holders:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(2.0)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-
-    def series(self) -> List[Tuple[float, List[List[int]]]]:
-        with self.lock:
-            return list(self.samples)
+def testbed_sampler(tb, interval: float = SAMPLE_INTERVAL) -> NicSampler:
+    """Every host NIC's transmitted bytes every ``interval`` s (the testbed's sampler, followed live)."""
+    return NicSampler(tb, interval=interval, watch=False, directions=("tx",), flush=interval)
 
 
 class FileTxSampler(threading.Thread):
@@ -129,4 +70,4 @@ def rates_from(samples: List[Tuple[float, List[List[int]]]], window: float = 0.2
     return [[max(0.0, (b - a) * 8 / dt / 1e6) for a, b in zip(h0, h1)] for h0, h1 in zip(v0, v1)]
 
 
-__all__ = ["NetnsTxSampler", "FileTxSampler", "rates_from", "SAMPLE_INTERVAL"]
+__all__ = ["testbed_sampler", "FileTxSampler", "rates_from", "SAMPLE_INTERVAL"]

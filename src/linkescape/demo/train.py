@@ -33,10 +33,8 @@ import sys
 import time
 import traceback
 
+from .. import jsonl
 from .model import DEFAULT_SIZE, MODEL_SIZES, SyntheticData, build_model, param_digest
-
-def _write_line(fd: int, record: dict) -> None:
-    os.write(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
 
 
 def parse_args(argv=None):
@@ -57,7 +55,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -84,49 +81,15 @@ def main(argv=None) -> int:
         nparams = sum(p.numel() for p in model.parameters())
         fd = None
         dist.barrier()
-        t_start = t_prev = time.time()
-        paused = 0.0
+        t_start = time.time()
         if rank == 0:
             fd = os.open(os.path.join(args.out, "steps.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
                          0o644)
-            _write_line(fd, {"start": t_start, "world_size": world, "params": nparams, "pid": os.getpid(),
+            jsonl.write(fd, {"start": t_start, "world_size": world, "params": nparams, "pid": os.getpid(),
                              "model_size": args.model_size, "steps": args.steps, "seed": args.seed,
-                             "min_duration": args.min_duration})
-        for step in range(args.steps):
-            x, y = data.next()
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()  # DDP all_reduces the gradient buckets here
-            opt.step()
-            mean = loss.detach().reshape(1).clone()
-            dist.all_reduce(mean)
-            mean /= world
-            if fd is not None:
-                now = time.time()
-                v = float(mean.item())
-                _write_line(fd, {"step": step, "loss": v, "loss_hex": v.hex(), "t": now, "dt": now - t_prev})
-                t_prev = now
-                if args.min_duration > 0:  # the others wait for rank 0 in the next step's collectives
-                    target = t_start + args.min_duration * (step + 1) / args.steps
-                    if target > now:
-                        time.sleep(target - now)
-                        paused += target - now
-                        t_prev = time.time()  # dt: the step itself, not the pause
-        digest, arrays = param_digest(model.module)
-        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(everyone, mine)
-        agree = all(torch.equal(mine, o) for o in everyone)
-        if rank == 0:
-            np.savez(os.path.join(args.out, "params.npz"), **arrays)
-            final = {"steps_completed": args.steps, "params_sha256": digest, "ranks_agree": agree,
-                     "world_size": world, "params": nparams, "end": time.time(),
-                     "paused_s": round(paused, 3)}
-            tmp = os.path.join(args.out, "final.json.tmp")
-            with open(tmp, "w") as f:
-                json.dump(final, f, indent=2)
-            os.replace(tmp, os.path.join(args.out, "final.json"))
-            os.close(fd)
+                             "min_duration": args.min_duration}, compact=True)
+        paused = _train(args, model, opt, data, world, fd, t_start)
+        agree = _finish(args, model, world, rank, nparams, paused, fd)
         if agent is not None:
             agent.stop()
         if sampler is not None:
@@ -139,6 +102,61 @@ def main(argv=None) -> int:
         traceback.print_exc()
         sys.stdout.flush()
         return 1
+
+
+def _train(args, model, opt, data, world: int, fd, t_start: float) -> float:
+    """``args.steps`` steps; rank 0 (``fd``) writes each as it ends. Returns the seconds paused for pacing."""
+    import torch
+    import torch.distributed as dist
+
+    t_prev = t_start
+    paused = 0.0
+    for step in range(args.steps):
+        x, y = data.next()
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()  # DDP all_reduces the gradient buckets here
+        opt.step()
+        mean = loss.detach().reshape(1).clone()
+        dist.all_reduce(mean)
+        mean /= world
+        if fd is not None:
+            now = time.time()
+            v = float(mean.item())
+            jsonl.write(fd, {"step": step, "loss": v, "loss_hex": v.hex(), "t": now, "dt": now - t_prev},
+                        compact=True)
+            t_prev = now
+            if args.min_duration > 0:  # the others wait for rank 0 in the next step's collectives
+                target = t_start + args.min_duration * (step + 1) / args.steps
+                if target > now:
+                    time.sleep(target - now)
+                    paused += target - now
+                    t_prev = time.time()  # dt: the step itself, not the pause
+    return paused
+
+
+def _finish(args, model, world: int, rank: int, nparams: int, paused: float, fd) -> bool:
+    """Do all ranks hold the same parameters? Rank 0 writes them and ``final.json``."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    digest, arrays = param_digest(model.module)
+    mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    agree = all(torch.equal(mine, o) for o in everyone)
+    if rank == 0:
+        np.savez(os.path.join(args.out, "params.npz"), **arrays)
+        final = {"steps_completed": args.steps, "params_sha256": digest, "ranks_agree": agree,
+                 "world_size": world, "params": nparams, "end": time.time(),
+                 "paused_s": round(paused, 3)}
+        tmp = os.path.join(args.out, "final.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(final, f, indent=2)
+        os.replace(tmp, os.path.join(args.out, "final.json"))
+        os.close(fd)
+    return agree
 
 
 if __name__ == "__main__":

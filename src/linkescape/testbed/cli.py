@@ -182,46 +182,25 @@ def fault() -> None:
     """
 
 
-def _fault_command(kind: str, doc: str) -> None:
-    @fault.command(kind, help=doc)
-    @_host
-    @_rail
-    @_name
-    @_errors
-    def cmd(host: int, rail: Any, name: str) -> None:
+def _fault_command(kind: str, doc: str, *options: Callable) -> None:
+    """``fault KIND --host I --rail R [OPTIONS]``: one call of :func:`linkescape.testbed.faults.KIND`."""
+    def cmd(host: int, rail: Any, name: str, **extra: Any) -> None:
         require_root("fault injection")
-        _emit(getattr(faults, kind)(Testbed.attach(name), host, rail))
+        _emit(getattr(faults, kind)(Testbed.attach(name), host, rail, **extra))
+
+    for decorator in reversed((fault.command(kind, help=doc), _host, _rail, *options, _name, _errors)):
+        cmd = decorator(cmd)
 
 
 _fault_command("cut", "Take the bridge-side veth down: the host's NIC loses carrier.")
 _fault_command("blackhole", "Drop all traffic in and out of the NIC (nftables); carrier stays up.")
 _fault_command("restore", "Undo every fault (cut, blackhole, lossy) on the NIC (idempotent).")
-
-
-@fault.command("lossy")
-@_host
-@_rail
-@click.option("--loss", type=click.FloatRange(0.01, 100.0), default=5.0, show_default=True,
-              help="Percent of packets dropped at random, each way (nftables numgen random).")
-@_name
-@_errors
-def lossy_cmd(host: int, rail: Any, loss: float, name: str) -> None:
-    """Drop a share of the NIC's packets at random; carrier stays up (a grey failure)."""
-    require_root("fault injection")
-    _emit(faults.lossy(Testbed.attach(name), host, rail, loss))
-
-
-@fault.command("repair")
-@_host
-@_rail
-@click.option("--kind", type=click.Choice(["cut", "blackhole", "lossy"]), required=True,
-              help="The one kind of fault to undo; the others stay.")
-@_name
-@_errors
-def repair_cmd(host: int, rail: Any, kind: str, name: str) -> None:
-    """Undo one kind of fault on the NIC and leave the others."""
-    require_root("fault injection")
-    _emit(faults.repair(Testbed.attach(name), host, rail, kind))
+_fault_command("lossy", "Drop a share of the NIC's packets at random; carrier stays up (a grey failure).",
+               click.option("--loss", type=click.FloatRange(0.01, 100.0), default=5.0, show_default=True,
+                            help="Percent of packets dropped at random, each way (nftables numgen random)."))
+_fault_command("repair", "Undo one kind of fault on the NIC and leave the others.",
+               click.option("--kind", type=click.Choice(["cut", "blackhole", "lossy"]), required=True,
+                            help="The one kind of fault to undo; the others stay."))
 
 
 @fault.command("flap")

@@ -25,7 +25,6 @@ It
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -37,47 +36,13 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from ..jsonl import Tail, parse, read as read_jsonl
 from .netns import Testbed
 
 #: bytes of a rank's stderr kept in memory (the tail)
 STDERR_KEEP = 256 * 1024
 
 OnRecord = Callable[[int, Dict[str, Any]], None]
-
-
-class Tail:
-    """New complete JSON lines of a file that another process appends to (a torn last line waits)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.pos = 0
-        self.buf = b""
-        self.records: List[Dict[str, Any]] = []  #: every record read so far
-
-    def read(self) -> List[Dict[str, Any]]:
-        """The records appended since the last call."""
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.pos += len(data)
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except (ValueError, UnicodeDecodeError):
-                continue
-        self.records.extend(out)
-        return out
-
-
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    """Every complete JSON line of ``path`` (none if it does not exist)."""
-    return Tail(path).read()
 
 
 def exit_status(rc: int) -> int:
@@ -175,11 +140,8 @@ class RankJob:
 
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
-            try:
-                rec = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if not isinstance(rec, dict):
+            rec = parse(line)
+            if rec is None:
                 continue
             rec["rank"] = rank
             with self._cond:

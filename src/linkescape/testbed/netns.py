@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import nft
-from .shell import (NETNS_DIR, TestbedError, TestbedExists, ip_batch as _ip_batch, links as _links, list_netns,
-                    require_nft, require_root, run as _run)
+from .shell import (NETNS_DIR, BadRate, TestbedError, TestbedExists, ip_batch as _ip_batch, links as _links,
+                    list_netns, require_nft, require_root, run as _run)
 
 DEFAULT_NAME = "le"
 STATE_DIR_ENV = "LINKESCAPE_TESTBED_STATE_DIR"
@@ -58,7 +58,7 @@ def rate_bps(rate: str) -> float:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", rate or "")
     unit = m.group(2).lower() or "bit" if m else None
     if not m or unit not in _RATE_UNITS:
-        raise TestbedError(f"rate {rate!r}: expected a tc rate such as 100mbit or 1gbit")
+        raise BadRate(f"rate {rate!r}: expected a tc rate such as 100mbit or 1gbit")
     return float(m.group(1)) * _RATE_UNITS[unit]
 
 

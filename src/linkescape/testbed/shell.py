@@ -29,6 +29,10 @@ class TestbedExists(TestbedError):
     __test__ = False
 
 
+class BadRate(TestbedError, ValueError):
+    """A rail rate that is not a tc rate (``1gbit``, ``100mbit``, ``125mbps``)."""
+
+
 def require_root(what: str = "the testbed") -> None:
     """Raise :class:`TestbedError` unless we may create namespaces and links."""
     if os.geteuid() != 0:
@@ -87,5 +91,5 @@ def in_netns(netns: Optional[str], argv: Sequence[str]) -> List[str]:
     return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
 
 
-__all__ = ["TestbedError", "TestbedExists", "require_root", "require_nft", "run", "ip_batch", "links",
+__all__ = ["TestbedError", "TestbedExists", "BadRate", "require_root", "require_nft", "run", "ip_batch", "links",
            "list_netns", "in_netns", "NETNS_DIR"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 import time
@@ -19,70 +18,31 @@ import traceback
 
 import numpy as np
 
+from ..jsonl import say
+from . import exact
+
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
        "sendrecv")
 
 
-def say(**record) -> None:
-    record.setdefault("t", time.time())
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
-
-
-def value(rank: int, it: int, count: int, dtype) -> np.ndarray:
-    """Small integers: exact in every reduction, so any rank can check any result."""
-    rng = np.random.default_rng([rank, it, count])
-    return rng.integers(-8, 9, size=count).astype(dtype)
+def inputs(it: int, shape) -> exact.Inputs:
+    """Every rank's input of iteration ``it`` (small integers: exact in every reduction)."""
+    return lambda rank: exact.ints([rank, it, int(np.prod(shape))], shape)
 
 
 def run_op(comm, op: str, it: int, count: int, dtype) -> tuple:
+    """Run ``op`` (root: ``it`` mod world); returns (what this rank holds, what it must hold)."""
     n, r = comm.world_size, comm.rank
-    root = it % n
-    if op == "all_reduce":
-        buf = value(r, it, count, dtype)
-        comm.all_reduce(buf)
-        ref = sum(value(q, it, count, np.int64) for q in range(n)).astype(dtype)
-        return buf, ref
-    if op == "broadcast":
-        buf = value(r, it, count, dtype)
-        comm.broadcast(buf, root)
-        return buf, value(root, it, count, dtype)
-    if op == "reduce":
-        buf = value(r, it, count, dtype)
-        comm.reduce(buf, root)
-        ref = sum(value(q, it, count, np.int64) for q in range(n)).astype(dtype) if r == root \
-            else value(r, it, count, dtype)
-        return buf, ref
-    if op == "all_gather":
-        out = np.empty((n, count), dtype)
-        comm.all_gather(out, value(r, it, count, dtype))
-        return out, np.stack([value(q, it, count, dtype) for q in range(n)])
-    if op == "reduce_scatter":
-        out = np.empty(count, dtype)
-        comm.reduce_scatter(out, value(r, it, n * count, dtype).reshape(n, count))
-        ref = sum(value(q, it, n * count, np.int64).reshape(n, count)[r] for q in range(n)).astype(dtype)
-        return out, ref
-    if op == "all_to_all":
-        out = np.empty((n, count), dtype)
-        comm.all_to_all(out, value(r, it, n * count, dtype).reshape(n, count))
-        return out, np.stack([value(q, it, n * count, dtype).reshape(n, count)[r] for q in range(n)])
-    if op == "gather":
-        out = np.empty((n, count), dtype) if r == root else None
-        comm.gather(out, value(r, it, count, dtype), root)
-        if r != root:
-            return np.zeros(1), np.zeros(1)
-        return out, np.stack([value(q, it, count, dtype) for q in range(n)])
-    if op == "scatter":
-        out = np.empty(count, dtype)
-        comm.scatter(out, value(r, it, n * count, dtype).reshape(n, count) if r == root else None, root)
-        return out, value(root, it, n * count, dtype).reshape(n, count)[r]
-    if op == "sendrecv":
-        out = np.empty(count, dtype)
-        w = comm.send(value(r, it, count, dtype), (r + 1) % n, tag=it, async_op=True)
-        comm.recv(out, (r - 1) % n, tag=it)
+    kind = "ring" if op == "sendrecv" else op  # sendrecv: to rank + 1, from rank - 1
+    shape = exact.in_shape(kind, count, n)
+    values = inputs(it, shape)
+    works, out = exact.post(comm, kind, exact.cast(values(r), dtype), root=it % n, tag=it)
+    for w in works:
         w.wait()
-        return out, value((r - 1) % n, it, count, dtype)
-    raise SystemExit(f"unknown op {op}")
+    ref = exact.expected(kind, r, n, values, dtype, root=it % n)
+    if ref is None:  # a gather's non-root holds nothing
+        return np.zeros(1), np.zeros(1)
+    return out, ref
 
 
 def main(argv=None) -> int:
@@ -120,15 +80,15 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             extra = []
             for k in range(args.async_depth):
-                b = value(args.rank, 1000 + it * 10 + k, 4096, dtype)
-                extra.append((b, comm.all_reduce(b, async_op=True), 1000 + it * 10 + k))
+                values = inputs(1000 + it * 10 + k, (4096,))
+                b = exact.cast(values(args.rank), dtype)
+                extra.append((b, comm.all_reduce(b, async_op=True), values))
             out, ref = run_op(comm, args.op, it, args.count, dtype)
-            for b, w, seed in extra:
+            for b, w, values in extra:
                 w.wait()
-                ref2 = sum(value(q, seed, 4096, np.int64) for q in range(args.world)).astype(dtype)
-                wrong += int(np.count_nonzero(b != ref2))
+                wrong += exact.count_wrong(b, exact.expected("all_reduce", args.rank, args.world, values, dtype))
             dt = time.perf_counter() - t0
-            bad = int(np.count_nonzero(out.view(np.uint8) != np.ascontiguousarray(ref).view(np.uint8)))
+            bad = exact.count_wrong(out, ref)
             wrong += bad
             digest.update(out.tobytes())
             say(event="done", iter=it, dt=dt, wrong=bad, nbytes=int(out.nbytes))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from ..errors import UsageError
 from ..events import read_events
-from .timeline import draw_timeline, fault_rows, infer_faults, routed_lanes
+from .timeline import draw_timeline, fault_rows, format_ms, infer_faults, routed_lanes
 
 
 def read_trails(paths: Sequence[str]) -> List[Dict[str, Any]]:
@@ -56,12 +56,6 @@ def build(events: List[Dict[str, Any]]) -> Dict[str, Any]:
             "events_by_kind": dict(sorted(kinds.items())), "faults": rows}
 
 
-def _ms(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    return "< 1 ms" if v < 1 else f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
-
-
 def table(rep: Dict[str, Any]):
     from rich.table import Table
 
@@ -75,8 +69,8 @@ def table(rep: Dict[str, Any]):
         det = r.get("detected_by") or {}
         t.add_row(r["fault"], f"{r['detected_s']:.3f} s",
                   f"rank {det.get('rank')} {det.get('event')} ({det.get('cause')})" if det else "-",
-                  _ms(r["failover_ms"]), _ms(r["all_failed_over_ms"]), _ms(r["down_ms"]), _ms(r["failback_ms"]),
-                  _ms(r["all_back_ms"]), f"{r['failovers']} / {r['failbacks']}"
+                  *(format_ms(r[k]) for k in ("failover_ms", "all_failed_over_ms", "down_ms", "failback_ms",
+                                              "all_back_ms")), f"{r['failovers']} / {r['failbacks']}"
                   + (f"  no_path {r['no_path']}" if r["no_path"] else "") + (
                       f"  peer_lost {r['peer_lost']}" if r["peer_lost"] else ""))
     return t
@@ -88,7 +82,8 @@ def plot(path: str, rep: Dict[str, Any], events: List[Dict[str, Any]]) -> str:
     lanes = routed_lanes(events, rep["ranks"], max(1, rep["rails"]), t0, t_end)
     faults = [{"kind": r["kind"], "host": r["host"], "rail": r["rail"], "at_s": r["detected_s"],
                "restored_at_s": r["back_on_rail_s"], "transitions": r["transitions"],
-               "note": f"{r['kind']} r{r['rail']}\nfailover {_ms(r['failover_ms'])}\nfailback {_ms(r['failback_ms'])}"}
+               "note": f"{r['kind']} r{r['rail']}\nfailover {format_ms(r['failover_ms'])}\n"
+                       f"failback {format_ms(r['failback_ms'])}"}
               for r in rep["faults"]]
     raster = [(e["ts"] - t0, int(e.get("rank") or 0), e["event"]) for e in events]
     return draw_timeline(path, lanes, faults, events=raster, t_end=t_end, pad=max(0.05, 0.03 * t_end),

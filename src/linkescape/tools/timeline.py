@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+
 DETECT_EVENTS = ("link_down", "failover")
 #: an event more than this long after a fault is not counted as its detection
 DETECT_WINDOW = 10.0
@@ -23,6 +24,8 @@ DETECT_WINDOW = 10.0
 JOIN_WINDOW = 5.0
 #: a fault on the same host and rail again this soon after the rail came back is a flap
 FLAP_WINDOW = 3.0
+#: a time that was never measured, in the demo's words
+NOT_SEEN = "not seen"
 
 
 def _get(f: Any, name: str):
@@ -222,12 +225,11 @@ def _count(route: Dict[int, Optional[int]], rails: int) -> List[int]:
     return c
 
 
-def _ms(v: Optional[float]) -> str:
+def format_ms(v: Optional[float], missing: str = "-") -> str:
+    """Milliseconds for people: ``< 1 ms``, one decimal below 10 ms, whole ones above; ``missing`` for None."""
     if v is None:
-        return "not seen"
-    if v < 1.0:
-        return "< 1 ms"
-    return f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
+        return missing
+    return "< 1 ms" if v < 1 else f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
 
 
 FAULT_COLORS = {"cut": "red", "carrier": "red", "blackhole": "purple", "silent": "purple", "flap": "darkorange"}
@@ -298,8 +300,8 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
                     host_ax.axvspan(d, u, color=c, alpha=0.25, lw=0)
             else:
                 host_ax.axvspan(a, b, color=c, alpha=0.15, lw=0)
-            txt = f.get("note") or (f"{f.get('kind')} r{f.get('rail')}\ndetect {_ms(f.get('detection_ms'))}\n"
-                                    f"back {_ms(f.get('recovery_ms'))}")
+            txt = f.get("note") or (f"{f.get('kind')} r{f.get('rail')}\ndetect {format_ms(f.get('detection_ms'), NOT_SEEN)}\n"
+                                    f"back {format_ms(f.get('recovery_ms'), NOT_SEEN)}")
             host_ax.text(a, 0.97, " " + txt.replace("\n", "\n "), transform=host_ax.get_xaxis_transform(),
                          va="top", ha="left", fontsize=7, color=c,
                          bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
@@ -314,5 +316,5 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
     return path
 
 
-__all__ = ["related", "fault_timing", "infer_faults", "fault_rows", "routed_lanes", "draw_timeline",
-           "DETECT_EVENTS", "DETECT_WINDOW"]
+__all__ = ["related", "fault_timing", "infer_faults", "fault_rows", "routed_lanes", "draw_timeline", "format_ms",
+           "DETECT_EVENTS", "DETECT_WINDOW", "NOT_SEEN"]

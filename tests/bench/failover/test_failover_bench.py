@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from linkescape.bench import failover as fo
-from linkescape.bench.failover.sampler import parse_netlink
+from linkescape.testbed.sampler import parse_netlink
 from linkescape.testbed.pytest_fixtures import require_nft, require_testbed
 
 SHORT = dict(baseline_s=0.6, hold_s=0.6, after_detect_s=0.3, size=4 << 20)

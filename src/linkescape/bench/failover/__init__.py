@@ -40,12 +40,12 @@ process is stopped in ``finally`` blocks.
 
 The package, by lifecycle: :mod:`.settings` (what a run does, targets),
 :mod:`.job` / :mod:`.worker` (the ranks, a shared
-:class:`~linkescape.testbed.job.RankJob`), :mod:`.sampler` / :mod:`.counters`
-(NIC counters and kernel events), :mod:`.series` (run the fault series and
-the overhead runs), :mod:`.rates` (the rate phases), :mod:`.analysis`,
-:mod:`.compare` and :mod:`.mptcp` (MPTCP), :mod:`.report`, :mod:`.bench`
-(a whole run), :mod:`.cli`. Names are imported from here lazily, so the rank
-and sampler processes load only what they run.
+:class:`~linkescape.testbed.job.RankJob`), :mod:`.series` (run the fault
+series and the overhead runs; the NIC counters and kernel events come from
+the testbed's sampler, :mod:`linkescape.testbed.counters`), :mod:`.rates`
+(the rate phases), :mod:`.analysis`, :mod:`.compare` and :mod:`.mptcp`
+(MPTCP), :mod:`.report`, :mod:`.bench` (a whole run), :mod:`.cli`. Names are
+imported from here lazily, so the rank processes load only what they run.
 """
 
 from __future__ import annotations
@@ -53,29 +53,31 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: public name -> the module of this package that defines it
+#: public name -> the module that defines it (of this package, or ``module:name`` elsewhere)
 _NAMES = {
     "run_failover_bench": "bench", "run_rate_bench": "bench", "library_defaults": "bench",
     "format_report": "report", "verdict": "report", "ok": "report",
     "add_failover_options": "cli", "run_failover_cli": "cli", "failover": "cli", "rails_count": "cli", "main": "cli",
-    "Counters": "counters", "parse_rate": "counters", "summarize": "counters", "kernel_time": "counters",
+    "Counters": "linkescape.testbed.counters", "kernel_time": "linkescape.testbed.counters",
+    "parse_rate": "linkescape.testbed.netns:rate_bps", "summarize": "linkescape.faults.measure",
     "Settings": "settings", "PhaseSettings": "settings", "FAULT_KINDS": "settings", "DEFAULT_FAULTS": "settings",
     "POLICIES": "settings", "TARGETS": "settings",
     "analyze_series": "analysis", "find_stalls": "analysis", "busbw_from_dones": "analysis", "ops_rate": "analysis",
     "run_fault_series": "series", "run_overhead": "series", "namespace_congestion": "series",
     "run_mptcp_series": "compare", "run_mptcp_comparison": "compare",
     "run_rate_phases": "rates", "format_rates": "rates",
-    "Sampler": "sampler", "FailoverJob": "job",
+    "Sampler": "linkescape.testbed.counters:NicSampler", "FailoverJob": "job",
 }
 
 __all__ = sorted(_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    mod = _NAMES.get(name)
-    if mod is None:
+    where = _NAMES.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    mod, _, attr = where.partition(":")
+    value = getattr(importlib.import_module(mod if "." in mod else f"{__name__}.{mod}"), attr or name)
     globals()[name] = value
     return value
 

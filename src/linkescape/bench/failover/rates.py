@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .analysis import first_event, ops_rate
+from ...faults.measure import first_event
+from .analysis import ops_rate
 from .job import FailoverJob
 from .settings import TARGETS, Log, PhaseSettings, cc_env, policy_env
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .settings import TARGETS
 
@@ -33,7 +33,6 @@ def verdict(result: dict) -> Dict[str, Any]:
     return out
 
 
-
 def _fmt(x: Optional[float], unit: str = "", nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}{unit}"
 
@@ -52,100 +51,12 @@ def format_report(result: dict) -> str:
              f"all_reduce {st['size']} B x {st['depth']} in flight, congestion control {result.get('congestion')}",
              f"# kernel {result.get('kernel')}, {result.get('cpus')} CPUs, library settings {result.get('config')}",
              "# times in ms: median / p99 / max (n, missing)", ""]
-
-    def row(name: str, s: dict, target: Optional[float] = None) -> str:
-        miss = f", {s['missing']} missing" if s["missing"] else ""
-        tgt = ""
-        if target is not None and s["p99"] is not None:
-            tgt = f"   target p99 <= {target:g}: {'met' if s['p99'] <= target and not s['missing'] else 'MISSED'}"
-        return (f"  {name:44s} {_fmt(s['median']):>8} / {_fmt(s['p99']):>8} / {_fmt(s['max']):>8}"
-                f"  (n={s['n']}{miss}){tgt}")
-
     for kind, s in result.get("series", {}).items():
-        sm = s["summary"]
-        t = TARGETS.get(kind, {})
-        lines.append(f"## {kind}: {s['faults']} faults, reference rate {_fmt(sm['ref_gbps']['median'], ' Gbit/s', 3)} "
-                     f"(pre-fault mean {_fmt(sm['baseline_gbps']['median'], ' Gbit/s', 3)})")
-        lines.append(row("detection, local (fault ts -> failover)", sm["detect_local_ms"], t.get("local_p99")))
-        lines.append(row("detection, peer side (per peer, from fault ts)", sm["detect_peer_ms"], t.get("peer_p99")))
-        lines.append(row("detection, last peer (from fault ts)", sm["detect_peer_all_ms"]))
-        lines.append(row("detection, local (from kernel event)", sm["detect_local_kernel_ms"], t.get("local_p99")))
-        lines.append(row("detection, peer side (from kernel event)", sm["detect_peer_kernel_ms"], t.get("peer_p99")))
-        lines.append(row("detection, peer side minus local", sm["peer_minus_local_ms"]))
-        lines.append(row("throughput >= 90% after local detection", sm["restore90_after_detect_ms"],
-                         TARGETS["restore_after_detect"]))
-        lines.append(row("throughput >= 90% after the last rank detected", sm["restore90_after_last_detect_ms"]))
-        lines.append(row("throughput >= 90% after the fault", sm["restore90_from_fault_ms"]))
-        lines.append(row("throughput >= 50% after the fault", sm["restore50_from_fault_ms"]))
-        lines.append(row("outage-equivalent (first 1 s)", sm["lost_ms"]))
-        lines.append(row("restore -> link_up (local)", sm["link_up_ms"]))
-        lines.append(row("restore -> failback (local)", sm["failback_local_ms"]))
-        lines.append(row("restore -> failback (per peer)", sm["failback_peer_ms"]))
-        lines.append(row("restore -> >= 90% on the primary rail", sm["failback_tput_ms"]))
-        if sm.get("carrier_to_link_down_ms", {}).get("n"):
-            lines.append(row("local carrier event -> link_down (kernel)", sm["carrier_to_link_down_ms"]))
-        if sm.get("rate_ratio", {}).get("n"):
-            rr = sm["rate_ratio"]
-            lines.append(f"  {'job rate during the fault / before (rank 0)':44s} {_fmt(rr['median'], 'x', 2):>8} median"
-                         f" (min {_fmt(rr['min'], 'x', 2)}, n={rr['n']}; before "
-                         f"{_fmt(sm['rate_before_ops']['median'], ' ops/s', 2)}, during "
-                         f"{_fmt(sm['rate_during_ops']['median'], ' ops/s', 2)})")
-        lines.append(row("fault command duration (ts - start)", sm["cmd_ms"]))
-        lines.append(row("kernel event minus fault ts", sm["kernel_minus_ts_ms"]))
-        causes: Dict[str, Dict[str, int]] = {}
-        for f in s["per_fault"]:
-            for side, cs in f["causes"].items():
-                for c, n in cs.items():
-                    causes.setdefault(side, {}).setdefault(c, 0)
-                    causes[side][c] += n
-        lines.append(f"  link_down causes: {causes}")
-        lines.append(f"  wrong elements {s['wrong']}, errors {len(s['errors'])}, hangs {s['hangs']}, "
-                     f"iterations {s['iters']}, unexplained link events (false trips) "
-                     f"{len(s['unexplained_events'])}, repaired rail down again after restore "
-                     f"{len(s.get('restore_churn', []))}")
-        for e in s["unexplained_events"][:5]:
-            lines.append(f"    unexplained: {e}")
-        if s["stalls"] or s["no_baseline"]:
-            lines.append(f"  STALLS (no host sent anything for >= 200 ms): {len(s['stalls'])}, "
-                         f"{s['stall_seconds']:.1f} s in all; faults without a busy baseline: {s['no_baseline']}")
-            for x in s["stalls"][:8]:
-                lines.append(f"    stall {x['seconds'] * 1e3:.0f} ms, {x['where']}")
-        for e in s["errors"][:3]:
-            lines.append(f"    error: rank {e.get('rank')}: {e.get('error')}")
-        lines.append("")
-    ov = result.get("overhead")
-    if ov:
-        lines.append("## healthy busbw (Gbit/s), alternating runs")
-        lines.append(f"  with backup rails: median {_fmt(ov['backup_gbps']['median'], '', 3)} "
-                     f"(min {_fmt(ov['backup_gbps']['min'], '', 3)}, max {_fmt(ov['backup_gbps']['max'], '', 3)}, "
-                     f"n={ov['backup_gbps']['n']})")
-        lines.append(f"  rail 0 only:       median {_fmt(ov['single_gbps']['median'], '', 3)} "
-                     f"(min {_fmt(ov['single_gbps']['min'], '', 3)}, max {_fmt(ov['single_gbps']['max'], '', 3)}, "
-                     f"n={ov['single_gbps']['n']})")
-        pct, pairs = ov.get("overhead_pct"), ov.get("overhead_pct_pairs")
-        if pairs is not None:
-            pr = ov["pair_ratio"]
-            lines.append(f"  overhead {pairs:+.2f}% (median of the paired ratios backup/single; ratios "
-                         f"{_fmt(pr['min'], '', 3)}..{_fmt(pr['max'], '', 3)}), {pct:+.2f}% (ratio of medians); "
-                         f"target <= {TARGETS['overhead_pct']:g}%: "
-                         f"{'met' if pairs <= TARGETS['overhead_pct'] else 'MISSED'}")
-        lines.append(f"  wrong {ov['wrong']}, hangs {ov['hangs']}, errors {len(ov['errors'])}")
-        lines.append("")
-    mp = result.get("mptcp")
-    if mp:
-        for cc, m in mp.items():
-            lines.append(f"## MPTCP vs linkescape, 2 hosts, cut of the primary rail, congestion control {cc}")
-            ms, ls = m["mptcp"]["summary"], m["linkescape"]
-            lines.append(row("MPTCP: half rate back on rail 1", ms["half_ms"]))
-            lines.append(row("MPTCP: 90% rate back on rail 1", ms["restore90_from_fault_ms"]))
-            lines.append(row("MPTCP: outage-equivalent (first 1 s)", ms["lost_ms"]))
-            lines.append(f"  MPTCP: rate before {_fmt(ms['baseline_gbps']['median'], '', 3)}, 1.5-2.5 s after the "
-                         f"cut {_fmt(ms['rate_after_gbps']['median'], '', 3)} Gbit/s (medians)")
-            lines.append(row("linkescape: half rate back", ls["half_ms"]))
-            lines.append(row("linkescape: 90% rate back", ls["restore90_from_fault_ms"]))
-            lines.append(row("linkescape: outage-equivalent (first 1 s)", ls["lost_ms"]))
-            lines.append(f"  linkescape: wrong {ls['wrong']}, hangs {ls['hangs']}, errors {len(ls['errors'])}")
-            lines.append("")
+        lines += _series_lines(kind, s)
+    if result.get("overhead"):
+        lines += _overhead_lines(result["overhead"])
+    for cc, m in (result.get("mptcp") or {}).items():
+        lines += _mptcp_lines(cc, m)
     if result.get("rates"):
         from .rates import format_rates
 
@@ -157,6 +68,109 @@ def format_report(result: dict) -> str:
                                                 for k, x in v.items()))
     lines.append(f"# {result.get('duration_s', 0):.0f} s")
     return "\n".join(lines)
+
+
+def _row(name: str, s: dict, target: Optional[float] = None) -> str:
+    """One summary as ``median / p99 / max (n, missing)``, with its target when it has one."""
+    miss = f", {s['missing']} missing" if s["missing"] else ""
+    tgt = ""
+    if target is not None and s["p99"] is not None:
+        tgt = f"   target p99 <= {target:g}: {'met' if s['p99'] <= target and not s['missing'] else 'MISSED'}"
+    return (f"  {name:44s} {_fmt(s['median']):>8} / {_fmt(s['p99']):>8} / {_fmt(s['max']):>8}"
+            f"  (n={s['n']}{miss}){tgt}")
+
+
+#: the rows of a fault series: (label, summary key, the target's key in TARGETS[kind], or a global target)
+_SERIES_ROWS = (("detection, local (fault ts -> failover)", "detect_local_ms", "local_p99"),
+                ("detection, peer side (per peer, from fault ts)", "detect_peer_ms", "peer_p99"),
+                ("detection, last peer (from fault ts)", "detect_peer_all_ms", None),
+                ("detection, local (from kernel event)", "detect_local_kernel_ms", "local_p99"),
+                ("detection, peer side (from kernel event)", "detect_peer_kernel_ms", "peer_p99"),
+                ("detection, peer side minus local", "peer_minus_local_ms", None),
+                ("throughput >= 90% after local detection", "restore90_after_detect_ms", "restore_after_detect"),
+                ("throughput >= 90% after the last rank detected", "restore90_after_last_detect_ms", None),
+                ("throughput >= 90% after the fault", "restore90_from_fault_ms", None),
+                ("throughput >= 50% after the fault", "restore50_from_fault_ms", None),
+                ("outage-equivalent (first 1 s)", "lost_ms", None),
+                ("restore -> link_up (local)", "link_up_ms", None),
+                ("restore -> failback (local)", "failback_local_ms", None),
+                ("restore -> failback (per peer)", "failback_peer_ms", None),
+                ("restore -> >= 90% on the primary rail", "failback_tput_ms", None))
+
+
+def _series_lines(kind: str, s: dict) -> List[str]:
+    """A fault series: every summary row, link_down causes, correctness, false trips and stalls."""
+    sm = s["summary"]
+    t = TARGETS.get(kind, {})
+    lines = [f"## {kind}: {s['faults']} faults, reference rate {_fmt(sm['ref_gbps']['median'], ' Gbit/s', 3)} "
+             f"(pre-fault mean {_fmt(sm['baseline_gbps']['median'], ' Gbit/s', 3)})"]
+    for label, key, target in _SERIES_ROWS:
+        lines.append(_row(label, sm[key], t.get(target) if target in t else TARGETS.get(target)))
+    if sm.get("carrier_to_link_down_ms", {}).get("n"):
+        lines.append(_row("local carrier event -> link_down (kernel)", sm["carrier_to_link_down_ms"]))
+    if sm.get("rate_ratio", {}).get("n"):
+        rr = sm["rate_ratio"]
+        lines.append(f"  {'job rate during the fault / before (rank 0)':44s} {_fmt(rr['median'], 'x', 2):>8} median"
+                     f" (min {_fmt(rr['min'], 'x', 2)}, n={rr['n']}; before "
+                     f"{_fmt(sm['rate_before_ops']['median'], ' ops/s', 2)}, during "
+                     f"{_fmt(sm['rate_during_ops']['median'], ' ops/s', 2)})")
+    lines.append(_row("fault command duration (ts - start)", sm["cmd_ms"]))
+    lines.append(_row("kernel event minus fault ts", sm["kernel_minus_ts_ms"]))
+    causes: Dict[str, Dict[str, int]] = {}
+    for f in s["per_fault"]:
+        for side, cs in f["causes"].items():
+            for c, n in cs.items():
+                causes.setdefault(side, {}).setdefault(c, 0)
+                causes[side][c] += n
+    lines.append(f"  link_down causes: {causes}")
+    lines.append(f"  wrong elements {s['wrong']}, errors {len(s['errors'])}, hangs {s['hangs']}, "
+                 f"iterations {s['iters']}, unexplained link events (false trips) "
+                 f"{len(s['unexplained_events'])}, repaired rail down again after restore "
+                 f"{len(s.get('restore_churn', []))}")
+    for e in s["unexplained_events"][:5]:
+        lines.append(f"    unexplained: {e}")
+    if s["stalls"] or s["no_baseline"]:
+        lines.append(f"  STALLS (no host sent anything for >= 200 ms): {len(s['stalls'])}, "
+                     f"{s['stall_seconds']:.1f} s in all; faults without a busy baseline: {s['no_baseline']}")
+        for x in s["stalls"][:8]:
+            lines.append(f"    stall {x['seconds'] * 1e3:.0f} ms, {x['where']}")
+    for e in s["errors"][:3]:
+        lines.append(f"    error: rank {e.get('rank')}: {e.get('error')}")
+    lines.append("")
+    return lines
+
+
+def _overhead_lines(ov: dict) -> List[str]:
+    """Healthy busbw with every rail against rail 0 alone."""
+    lines = ["## healthy busbw (Gbit/s), alternating runs"]
+    for label, key in (("with backup rails: ", "backup_gbps"), ("rail 0 only:       ", "single_gbps")):
+        lines.append(f"  {label}median {_fmt(ov[key]['median'], '', 3)} (min {_fmt(ov[key]['min'], '', 3)}, "
+                     f"max {_fmt(ov[key]['max'], '', 3)}, n={ov[key]['n']})")
+    pct, pairs = ov.get("overhead_pct"), ov.get("overhead_pct_pairs")
+    if pairs is not None:
+        pr = ov["pair_ratio"]
+        lines.append(f"  overhead {pairs:+.2f}% (median of the paired ratios backup/single; ratios "
+                     f"{_fmt(pr['min'], '', 3)}..{_fmt(pr['max'], '', 3)}), {pct:+.2f}% (ratio of medians); "
+                     f"target <= {TARGETS['overhead_pct']:g}%: "
+                     f"{'met' if pairs <= TARGETS['overhead_pct'] else 'MISSED'}")
+    lines.append(f"  wrong {ov['wrong']}, hangs {ov['hangs']}, errors {len(ov['errors'])}")
+    lines.append("")
+    return lines
+
+
+def _mptcp_lines(cc: str, m: dict) -> List[str]:
+    """MPTCP against linkescape through the same cuts."""
+    ms, ls = m["mptcp"]["summary"], m["linkescape"]
+    return [f"## MPTCP vs linkescape, 2 hosts, cut of the primary rail, congestion control {cc}",
+            _row("MPTCP: half rate back on rail 1", ms["half_ms"]),
+            _row("MPTCP: 90% rate back on rail 1", ms["restore90_from_fault_ms"]),
+            _row("MPTCP: outage-equivalent (first 1 s)", ms["lost_ms"]),
+            f"  MPTCP: rate before {_fmt(ms['baseline_gbps']['median'], '', 3)}, 1.5-2.5 s after the "
+            f"cut {_fmt(ms['rate_after_gbps']['median'], '', 3)} Gbit/s (medians)",
+            _row("linkescape: half rate back", ls["half_ms"]),
+            _row("linkescape: 90% rate back", ls["restore90_from_fault_ms"]),
+            _row("linkescape: outage-equivalent (first 1 s)", ls["lost_ms"]),
+            f"  linkescape: wrong {ls['wrong']}, hangs {ls['hangs']}, errors {len(ls['errors'])}", ""]
 
 
 def ok(result: dict) -> bool:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .counters import ms
+from ...faults.measure import first_event, summarize
+from ...testbed.counters import NicSampler
+from .analysis import busbw_from_dones, ms
 from .job import FailoverJob
-from .sampler import Sampler
 from .settings import FAULT_KINDS, Log, Settings, policy_env
-from .analysis import busbw_from_dones, first_event
 
 
 def namespace_congestion(tb, host: int = 0) -> str:
@@ -97,14 +97,14 @@ def run_fault_series(tb, kind: str, st: Settings, log: Log, count: Optional[int]
                       hosts=hosts)
     world = job.world
     maker = FaultMaker(tb, st)
-    sampler: Optional[Sampler] = None
+    sampler: Optional[NicSampler] = None
     faults: List[dict] = []
     counters = None
     kernel: List[dict] = []
     exits: List[dict] = []
     rec_end = time.time()
     try:
-        sampler = Sampler(tb, job.dir, st.sample_ms / 1000.0)
+        sampler = NicSampler(tb, job.dir, st.sample_ms / 1000.0).start()
         job.wait_ready()
         time.sleep(st.baseline_s)
         for i in range(count):
@@ -163,8 +163,6 @@ def run_fault_series(tb, kind: str, st: Settings, log: Log, count: Optional[int]
 def run_overhead(tb, st: Settings, log: Log, env: Optional[Dict[str, str]] = None) -> dict:
     """Healthy busbw with every rail (backup links, heartbeats, carrier watch)
     vs one rail, in alternating runs."""
-    from .counters import summarize
-
     runs = []
     for k in range(st.overhead_repeats):
         order = ("backup", "single") if k % 2 == 0 else ("single", "backup")

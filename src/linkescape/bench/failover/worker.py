@@ -17,7 +17,6 @@ would let one rank start a collective the others never join).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -27,17 +26,13 @@ from typing import List
 
 import numpy as np
 
-
-def say(**record) -> None:
-    record.setdefault("t", time.time())
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
+from ...jsonl import say
+from ...testbed import exact
 
 
-def pattern(rank: int, k: int, count: int, dtype) -> np.ndarray:
-    """Small integers: every sum is exact, so results are checked bit for bit."""
-    rng = np.random.default_rng([rank, k, count, 7])
-    return rng.integers(-8, 9, size=count).astype(dtype)
+def pattern(k: int, count: int) -> exact.Inputs:
+    """Every rank's input ``k`` (small integers: every sum is exact, so results are checked bit for bit)."""
+    return lambda rank: exact.ints([rank, k, count, 7], count)
 
 
 def _rail_bytes(comm) -> list:
@@ -59,13 +54,9 @@ def run_rank(args) -> int:
     dtype = np.dtype(args.dtype)
     n, count, depth = args.world, args.count, max(1, args.depth)
     npat = 4
-    inputs = [pattern(args.rank, k, count, dtype) for k in range(npat)]
-    refs = []
-    for k in range(npat):
-        acc = np.zeros(count, np.int64)
-        for q in range(n):
-            acc += pattern(q, k, count, np.int64)
-        refs.append(acc.astype(dtype).view(np.uint8))
+    patterns = [pattern(k, count) for k in range(npat)]
+    inputs = [exact.cast(p(args.rank), dtype) for p in patterns]
+    refs = [exact.expected("all_reduce", args.rank, n, p, dtype) for p in patterns]
     bufs = [np.empty(count, dtype) for _ in range(depth)]
     flags = [np.zeros(1, np.int32) for _ in range(depth)]
     wrong = 0
@@ -96,7 +87,7 @@ def run_rank(args) -> int:
             w.wait()
             wf.wait()
             t = time.time()
-            bad = int(np.count_nonzero(bufs[slot].view(np.uint8) != refs[it % npat]))
+            bad = exact.count_wrong(bufs[slot], refs[it % npat])
             wrong += bad
             iters += 1
             say(event="done", iter=it, t=t, wrong=bad)

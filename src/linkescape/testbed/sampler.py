@@ -1,18 +1,17 @@
-"""The NIC-counter and kernel-event sampler of the failover benchmark: a process and its handle.
+"""The NIC-counter and kernel-event sampler: a process of its own (its handle: :class:`.counters.NicSampler`).
 
-``python -m linkescape.bench.failover.sampler --out FILE --interval S [--watch NETNS]... FILE...``
+``python -m linkescape.testbed.sampler --out FILE --interval S [--flush S] [--watch NETNS]... FILE...``
 reads the given counter files (``/sys/class/net/DEV/statistics/*_bytes``)
 every ``S`` seconds and appends ``t v1 v2 ...`` lines to ``FILE`` until it is
-signalled (SIGTERM/SIGINT). Run in the root namespace it samples the
-bridge-side veths, i.e. what each host's NIC really put on (or took off) the
-wire after the tbf shaper. With ``--watch`` it also listens to rtnetlink link
-events and nftables events inside those namespaces and writes them, time
-stamped on arrival, to ``FILE.nl`` (JSON lines): the moment a cut (carrier
-loss) or a blackhole (its nftables chains committed) really took effect,
-which the fault command's own return time only bounds from above.
-
-:class:`Sampler` starts that process for every NIC of a testbed and gives
-back :class:`~linkescape.bench.failover.counters.Counters` and the kernel events.
+signalled (SIGTERM/SIGINT); ``--flush`` writes them out at least that often
+(for a reader that follows the file live), else every 200 samples. Run in
+the root namespace it samples the bridge-side veths, i.e. what each host's
+NIC really put on (or took off) the wire after the tbf shaper. With
+``--watch`` it also listens to rtnetlink link events and nftables events
+inside those namespaces and writes them, time stamped on arrival, to
+``FILE.nl`` (JSON lines): the moment a cut (carrier loss) or a blackhole (its
+nftables chains committed) really took effect, which the fault command's own
+return time only bounds from above.
 """
 
 from __future__ import annotations
@@ -21,69 +20,9 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from typing import List, Tuple
-
-from .counters import Counters
-
-
-# ------------------------------------------------------------ the handle
-class Sampler:
-    """A separate process reading the bridge-side veth counters of every host NIC.
-
-    The root-namespace veth ``PREFIX-{i}s{r}`` *receives* what host ``i`` sends
-    on rail ``r`` and *transmits* what it receives, so rx_bytes there is host
-    egress after the shaper; a cut (veth down) or a blackhole (egress hook,
-    before the qdisc) stops it at once.
-    """
-
-    def __init__(self, tb, workdir: str, interval: float = 0.005, watch: bool = True) -> None:
-        self.path = os.path.join(workdir, "counters.txt")
-        self.keys: List[Tuple] = []
-        files = []
-        for i in range(tb.hosts):
-            for r in range(tb.rails):
-                for direction, stat in (("tx", "rx_bytes"), ("rx", "tx_bytes")):
-                    self.keys.append((i, r, direction))
-                    files.append(f"/sys/class/net/{tb.root_veth(i, r)}/statistics/{stat}")
-        watches = [a for i in range(tb.hosts) for a in ("--watch", tb.netns(i))] if watch else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "linkescape.bench.failover.sampler",
-                                      "--out", self.path, "--interval", str(interval), *watches, *files],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()  # after its netlink sockets are subscribed
-        if "ready" not in line:
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            self.close()
-            raise RuntimeError(f"the counter sampler did not start: {line!r} {err}")
-
-    def kernel_events(self) -> List[dict]:
-        """Carrier and nftables changes inside the hosts, time stamped on arrival."""
-        out = []
-        try:
-            with open(self.path + ".nl") as fh:
-                for line in fh:
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        continue
-        except FileNotFoundError:
-            pass
-        return out
-
-    def stop(self) -> Counters:
-        self.close()
-        return Counters.load(self.path, self.keys)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from typing import List
 
 
 # ----------------------------------------------------------- netlink watch
@@ -178,6 +117,27 @@ def parse_netlink(kind: str, data: bytes) -> list:
     return out
 
 
+def _kernel_events(ready: list, last_carrier: dict) -> List[str]:
+    """What the ready netlink sockets say, time stamped now, as JSON lines (a carrier state only when it changed)."""
+    t = time.time()
+    out = []
+    for ns, kind, sock in ready:
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # ENOBUFS: events lost; carry on
+                break
+            for what, name, up in parse_netlink(kind, data):
+                if what == "carrier":
+                    if last_carrier.get((ns, name)) == up:
+                        continue
+                    last_carrier[(ns, name)] = up
+                out.append(json.dumps({"t": t, "netns": ns, "what": what, "name": name, "up": up}))
+    return out
+
+
 def run_sampler(args) -> int:
     import select
 
@@ -208,7 +168,7 @@ def run_sampler(args) -> int:
         poller.register(fd, select.POLLIN)
     with open(args.out, "w") as out, open(args.out + ".nl", "w") as nl_out:
         print("ready", flush=True)  # the controller waits for this before the first fault
-        nxt = time.monotonic()
+        nxt = flushed = time.monotonic()
         while not stop:
             delay = nxt - time.monotonic()
             try:
@@ -218,22 +178,7 @@ def run_sampler(args) -> int:
             if not by_fd and delay > 0:
                 time.sleep(delay)
             if ready:
-                t = time.time()
-                for fd, _ in ready:
-                    ns, kind, sock = by_fd[fd]
-                    while True:
-                        try:
-                            data = sock.recv(1 << 16)
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        except OSError:  # ENOBUFS: events lost; carry on
-                            break
-                        for what, name, up in parse_netlink(kind, data):
-                            if what == "carrier":
-                                if last_carrier.get((ns, name)) == up:
-                                    continue
-                                last_carrier[(ns, name)] = up
-                            nl_lines.append(json.dumps({"t": t, "netns": ns, "what": what, "name": name, "up": up}))
+                nl_lines += _kernel_events([by_fd[fd] for fd, _ in ready], last_carrier)
                 if time.monotonic() < nxt:
                     continue
             vals = []
@@ -243,10 +188,11 @@ def run_sampler(args) -> int:
                 except OSError:
                     vals.append("-1")  # the device went away (testbed torn down)
             lines.append(f"{time.time():.6f} " + " ".join(vals))
-            if len(lines) >= 200:
+            if len(lines) >= 200 or (args.flush is not None and time.monotonic() >= flushed + args.flush):
                 out.write("\n".join(lines) + "\n")
                 out.flush()
                 lines.clear()
+                flushed = time.monotonic()
             if nl_lines:
                 nl_out.write("\n".join(nl_lines) + "\n")
                 nl_out.flush()
@@ -265,13 +211,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--interval", type=float, default=0.005)
+    p.add_argument("--flush", type=float, default=None, help="write the samples out at least every this many seconds")
     p.add_argument("--watch", action="append", default=[],
                    help="also time-stamp link carrier and nftables changes inside this network namespace")
     p.add_argument("files", nargs="+")
     return run_sampler(p.parse_args(argv))
 
 
-__all__ = ["Sampler", "parse_netlink", "netlink_sockets", "run_sampler"]
+__all__ = ["parse_netlink", "netlink_sockets", "run_sampler"]
 
 if __name__ == "__main__":
     sys.exit(main())
