@@ -1,6 +1,6 @@
 """The tools' floors (issue 11): the testbed needs no fault schedule, the fault schedule no tool, and the
 tools (bench, chaos, demo) reach each other only through what they share: faults and testbed. Below them
-all, the part every tool uses (JSON lines) imports nothing of linkescape (issue 19)."""
+all, the parts every tool uses (JSON lines, the extras) import nothing of linkescape (issue 19)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import linkescape
 
 SRC = pathlib.Path(linkescape.__file__).parent
 #: lowest first; a package may import its own floor and those below
-FLOORS = [{"jsonl"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
+FLOORS = [{"jsonl", "extras"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
 #: the shared parts of the tools: single modules of the bottom floor
-SHARED_PARTS = ("jsonl",)
+SHARED_PARTS = ("jsonl", "extras")
 
 
 def _floor(pkg: str):

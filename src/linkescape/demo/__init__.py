@@ -21,12 +21,14 @@ from typing import Any, Dict, Optional
 
 import click
 
+from .. import extras
 from .controller import DemoError, DemoOptions, TestbedUnavailable, testbed_unavailable
 from .model import DEFAULT_SIZE, MODEL_SIZES
 
 
 def run_demo(opts: DemoOptions, console=None) -> Dict[str, Any]:
     """Run the whole demo; returns the report (also written to ``opts.out``)."""
+    extras.require(["torch", "matplotlib"], "demo", "linkescape demo")  # before anything starts
     from rich.console import Console
 
     from . import controller, report

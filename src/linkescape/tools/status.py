@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import extras
 from ..errors import UsageError
 
 CLONE_NEWNET = 0x40000000
@@ -101,11 +102,10 @@ def fetch(target: Target, path: str, timeout: float = 2.0) -> bytes:
 
 def parse_metrics(text: str) -> Dict[str, Any]:
     """The parts of one rank's /metrics the view needs."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    parser = extras.module("prometheus_client.parser", "metrics", "linkescape status")
     out: Dict[str, Any] = {"rank": None, "world_size": None, "rails": {}, "links": {}, "primary": {},
                            "ops_pending": None, "oldest_op_s": None, "collective": {}, "lost": {}, "no_path": {}}
-    for fam in text_string_to_metric_families(text):
+    for fam in parser.text_string_to_metric_families(text):
         for s in fam.samples:
             if s.labels.get("comm"):
                 continue  # the view shows each process's first communicator (the world)
@@ -144,6 +144,7 @@ class Poller:
     """Scrapes every target; rates come from the difference with the previous scrape."""
 
     def __init__(self, targets: Sequence[Target], timeout: float = 2.0, events: int = 12) -> None:
+        extras.require(["prometheus_client"], "metrics", "linkescape status")
         self.targets = list(targets)
         self.timeout = timeout
         self.events = events

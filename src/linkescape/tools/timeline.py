@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import extras
 
 DETECT_EVENTS = ("link_down", "failover")
 #: an event more than this long after a fault is not counted as its detection
@@ -242,8 +243,7 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
     """The timeline picture: an upper panel (``top``: a curve such as the loss,
     or the ``events`` as a raster of (t, rank, event)), one lane per host with
     its per-rail series, faults marked (dashed: in effect, dotted green: rail back)."""
-    import matplotlib
-
+    matplotlib = extras.module("matplotlib", "plot", "the timeline picture")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
