@@ -1,0 +1,92 @@
+"""The package installs (issue 19): the wheel, built from this tree, installed into a fresh virtual
+environment (not editable, base install only), runs a 2-process torchrun job on
+``init_process_group("linkescape")`` without ``import linkescape`` (the backend comes through the
+``torch.backends`` entry point), and the ``linkescape`` command works and names the extra a part needs.
+
+torch is the one tested version, ``torch==2.13.0`` (its CPU build: pip's find-links or cache); pip's
+cache is reused, so the run costs the venv, the installs and the job: about 35 s on this project's
+2-core machine. The wheel is built with the setuptools of the running environment when it has one
+(offline), else in pip's isolated build environment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TORCH = "torch==2.13.0"  # what CI tests (Makefile); an unpinned torch would pull a multi-GB CUDA build
+
+JOB = textwrap.dedent("""
+    import os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("linkescape")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.arange(8, dtype=torch.float32) + 100 * rank
+    dist.all_reduce(t)
+    want = sum(torch.arange(8, dtype=torch.float32) + 100 * r for r in range(world))
+    assert torch.equal(t, want), (t, want)
+    mod = sys.modules.get("linkescape")
+    assert mod is not None, "the backend was not loaded through the torch.backends entry point"
+    print(f"rank {rank}: all_reduce ok, backend {dist.get_backend()}, from {os.path.dirname(mod.__file__)}",
+          flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def _run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LINKESCAPE_", "TORCH_")) and k != "PYTEST_CURRENT_TEST"}
+    env.update(extra)
+    return env
+
+
+def test_the_wheel_installs_and_runs_a_torchrun_job(tmp_path):
+    # the tree as it is (committed or not), without what an editable install or a build left in it
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    dist = tmp_path / "dist"
+    offline = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *offline, "-q", "-w", str(dist), str(src)])
+    wheels = list(dist.glob("linkescape-*.whl"))
+    assert len(wheels) == 1, wheels
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    py, bindir = venv / "bin" / "python", venv / "bin"
+    env = _clean_env(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    _run([str(py), "-m", "pip", "install", "-q", TORCH, str(wheels[0])], env=env)
+
+    # installed, not editable: the package lives in the new environment's site-packages
+    where = _run([str(py), "-c", "import linkescape, os; print(os.path.dirname(linkescape.__file__))"],
+                 env=env, cwd=tmp_path).stdout.strip()
+    assert where.startswith(str(venv)), where
+
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    job = _run([str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(script)],
+               env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, timeout=240)
+    for rank in (0, 1):
+        assert f"rank {rank}: all_reduce ok, backend linkescape, from {where}" in job.stdout, job.stdout
+
+    # the command runs on the base install; a part whose extra is missing says which one
+    _run([str(bindir / "linkescape"), "--help"], env=env, cwd=tmp_path)
+    demo = subprocess.run([str(bindir / "linkescape"), "demo", "--out", str(tmp_path / "demo")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert demo.returncode != 0 and "pip install 'linkescape[demo]'" in demo.stderr, demo.stderr[-2000:]
+    assert not (tmp_path / "demo" / "faulty").exists()  # it failed before it started anything
