@@ -17,8 +17,9 @@ from . import ops as _ops
 from .algorithms import exchange, latency, ring
 from .algorithms.base import Schedule, check_message_size, byte_view
 from .config import Config
-from .engine.beacon import Beacon
+from .engine.beacon import RecordKey
 from .engine.core import Engine
+from .engine.driver import Driver
 from .engine.recovery import Recovery
 from .engine.link import Link
 from .engine.messages import ANY_SOURCE, InMessage, Op, OutMessage
@@ -28,7 +29,6 @@ from .log import setup_logging
 from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
-from .protocol.linkstate import Ev
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails
 from .transport.tcp import ensure_fd_budget
 
@@ -48,7 +48,7 @@ class Work:
         """Block until done; raises the operation's error, or CommTimeout when
         ``timeout`` passes first (the operation keeps running)."""
         if not self._op.done:
-            self._comm._engine.wait(self._op, timeout)
+            self._comm._driver.wait(self._op, timeout)
         if not self._op.done:
             exc = CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
             self._comm._trace_timeout(exc)
@@ -72,16 +72,10 @@ class Work:
     def add_done_callback(self, fn) -> None:
         """``fn(work)`` runs when the operation ends (possibly at once, possibly
         on the progress thread)."""
-        eng = self._comm._engine
-        eng._acquire()  # a driving thread yields to us between two rounds
-        try:
-            if self._op.done:
-                run_now = True
-            else:
-                run_now = False
+        with self._comm._driver.locked():  # a driving thread yields to us between two rounds
+            run_now = self._op.done
+            if not run_now:
                 self._op.callbacks.append(lambda _op: fn(self))
-        finally:
-            eng.lock.release()
         if run_now:
             fn(self)
 
@@ -126,13 +120,16 @@ class Communicator:
         self.rail_addrs, self.rail_ifnames = resolve_rails(rails, store)
         self.rails = [n or a for n, a in zip(self.rail_ifnames, self.rail_addrs)]
         self.events = EventLog(rank, self.config.events)
-        self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
         self._setup = None
         self._recovery = None
         if world_size > 1:
             self._connect(store)
-        self._engine.spin = self._spin_budget()
-        self._engine.start_background()
+        else:
+            self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
+            self._driver = Driver(self._engine)
+        self._driver.spin = self._spin_budget()
+        self._engine.start()
+        self._driver.start_background()
         self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
 
@@ -159,25 +156,29 @@ class Communicator:
         self._setup = setup
         try:
             job, peers = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline)
-            socks = setup.connect_all(job, peers, deadline, store=store)
+            # Active-backup: start-up opens the primary rail; the backups are
+            # opened by recovery right after, off the caller's path (stripe: all).
+            now_rails = None if self.config.policy == "stripe" or self.config.eager_backups else [0]
+            socks = setup.connect_all(job, peers, deadline, store=store, rails=now_rails)
         except BaseException:
             setup.close()
             raise
         self.job = job
         self.peer_addresses = peers
-        now = time.monotonic()
-        for (peer, rail), sock in sorted(socks.items()):
-            status = self._engine.peers[peer].status[rail]
-            link = Link(sock, peer, rail, 1, status, now)
-            status.apply(Ev.CONNECTED, now)
-            self._engine.add_link(link)
+        # liveness and root causes through the store (the management network),
+        # in records authenticated with the job's key
+        eng = self._engine = Engine(self.rank, self.world_size, len(self.rail_addrs), self.config, self.events,
+                                    store=store, record_key=RecordKey(setup.auth.key, job))
+        self._driver = Driver(eng)
+        now = eng.clock.now()
+        with self._driver.locked():
+            eng.open_links([Link(sock, peer, rail, 1, now) for (peer, rail), sock in sorted(socks.items())])
+            eng.await_links([(peer, rail) for peer in eng.peers for rail in range(len(self.rail_addrs))
+                             if (peer, rail) not in socks])
         # Recovery waits on the acceptor (not the bare listeners): incoming
         # connections are authenticated without blocking its thread.
-        self._recovery = Recovery(self._engine, self.rail_addrs, self.rail_ifnames, [setup.acceptor], peers, job,
-                                  self.config, store=store)
-        # liveness and root causes through the store (the management network)
-        self._beacon = Beacon(self._engine, store)
-        self._engine.liveness.beacon = self._beacon
+        self._recovery = Recovery(eng, setup.auth, setup.acceptor, self.rail_addrs, self.rail_ifnames, peers,
+                                  self.config)
 
     def _spin_budget(self) -> float:
         """Busy-poll only when every rank on this host can have a core: spinning
@@ -267,16 +268,16 @@ class Communicator:
             slot = flight.record(op, sig_fields, posted_at) if flight is not None else None
             try:
                 if async_op:
-                    self._engine.start(op)
+                    self._driver.start(op)
                     if slot is not None:
                         flight.started(slot)
                     return Work(self, op)
                 held = False  # run() releases it once the op is posted
                 if slot is not None:
                     self._flight_post.slot = slot  # marks the op started as it releases the post lock
-                    self._engine.run(op, self._flight_post)
+                    self._driver.run(op, self._flight_post)
                 else:
-                    self._engine.run(op, self._post_lock)
+                    self._driver.run(op, self._post_lock)
             except BaseException as exc:
                 if slot is not None:
                     flight.abandon(slot, exc)
@@ -520,16 +521,13 @@ class Communicator:
         self._check_open()
         if self._recovery is None:
             raise UsageError("a communicator of one rank has no links to fault")
-        return self._recovery.inject(rail, kind)
+        ts = self._driver.call(lambda: self._recovery.inject(rail, kind))
+        self._engine.wake()
+        return ts
 
     def rail_bytes(self) -> list:
         """Bytes sent and received per rail, over every link ever opened on it."""
-        eng = self._engine
-        eng._acquire()
-        try:
-            totals = eng.rail_totals()
-        finally:
-            eng.lock.release()
+        totals = self._driver.call(self._engine.rail_totals)
         return [{"rail": r, "sent": s, "received": rcv} for r, (s, rcv) in enumerate(totals)]
 
     def snapshot(self) -> dict:
@@ -538,15 +536,10 @@ class Communicator:
         ``acked``: acknowledged by the peer, ``received``: applied from it),
         and per rail the link state and bytes moved. Consistent (taken under
         the engine lock); cheap enough to call every second."""
-        eng = self._engine
-        eng._acquire()
-        try:
-            snap = eng.snapshot()
-        finally:
-            eng.lock.release()
+        snap = self._driver.call(self._engine.snapshot)
         snap["rail_names"] = list(self.rails)
         # wake-ups of each of this rank's threads, and its store calls (idle cost)
-        beacon = getattr(self, "_beacon", None)
+        beacon = self._engine.beacon
         snap["wakeups"] = {"engine": snap["wakeups"],
                            "recovery": self._recovery.wakeups if self._recovery is not None else 0,
                            "beacon": beacon.wakeups if beacon is not None else 0}
@@ -574,7 +567,7 @@ class Communicator:
         """A rank that found a peer lost records it in the store before the
         caller sees the error (and perhaps exits), so the others name the
         same peer."""
-        beacon = getattr(self, "_beacon", None)
+        beacon = self._engine.beacon
         if beacon is not None and isinstance(exc, PeerLost):
             beacon.wait_reported(1.0)
 
@@ -599,9 +592,7 @@ class Communicator:
             self._metrics.close()
         if self._recovery is not None:
             self._recovery.close()
-        self._engine.close(graceful=graceful)
-        if getattr(self, "_beacon", None) is not None:
-            self._beacon.close()
+        self._driver.close(graceful=graceful)  # the engine, its background thread and its beacon
         if self._setup is not None:
             self._setup.close()
         if getattr(self, "_flight", None) is not None:

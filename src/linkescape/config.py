@@ -62,6 +62,16 @@ def _size(value: str, name: str) -> int:
     return out
 
 
+def _millis_or_zero(value: str, name: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number of milliseconds") from None
+    if out < 0:
+        raise ConfigError(f"{name}={value!r} must be 0 (the kernel's) or more")
+    return out / 1000.0
+
+
 def _count(value: str, name: str) -> int:
     try:
         out = int(value)
@@ -139,6 +149,13 @@ _ENV = {
     "LINKESCAPE_HANDSHAKE_TIMEOUT_MS": ("handshake_timeout", _millis),
     "LINKESCAPE_MAX_PENDING_HANDSHAKES": ("max_pending_handshakes", lambda v, n: _count(v, n)),
     "LINKESCAPE_MAX_FRAME_BYTES": ("max_frame_bytes", _size),
+    "LINKESCAPE_MAX_STASH_BYTES": ("max_stash_bytes", _size),
+    "LINKESCAPE_MAX_STASH_FRAMES": ("max_stash_frames", lambda v, n: _count(v, n)),
+    "LINKESCAPE_MAX_UNEXPECTED_BYTES": ("max_unexpected_bytes", _size),
+    "LINKESCAPE_MAX_UNEXPECTED": ("max_unexpected", lambda v, n: _count(v, n)),
+    "LINKESCAPE_RELAY_WINDOW": ("relay_window", _size),
+    "LINKESCAPE_TCP_RTO_MIN_MS": ("tcp_rto_min", lambda v, n: _millis_or_zero(v, n)),
+    "LINKESCAPE_EAGER_BACKUPS": ("eager_backups", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
 }
 
 
@@ -204,6 +221,22 @@ class Config:
     max_pending_handshakes: Optional[int] = None
     #: frame headers announcing a larger payload are protocol errors
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: frames of one peer read before they could be placed, at most (bytes, frames);
+    #: beyond that its links wait unread
+    max_stash_bytes: int = 64 << 20
+    max_stash_frames: int = 4096
+    #: point-to-point messages of one peer that arrived before their receive,
+    #: at most (bytes, messages); beyond that the sender waits for the receive
+    max_unexpected_bytes: int = 64 << 20
+    max_unexpected: int = 1024
+    #: bytes of one pair a relay holds, at most, and a relayed pair keeps unacknowledged
+    relay_window: int = 4 << 20
+    #: the links' minimum TCP retransmission timeout, seconds (0: the
+    #: kernel's, 200 ms); set per socket where the kernel allows it (6.15+)
+    tcp_rto_min: float = 0.01
+    #: open the backup rails' links before start-up returns (default: the
+    #: primary rail's, then the backups right after, off the caller's path)
+    eager_backups: bool = False
     extra: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

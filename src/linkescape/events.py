@@ -28,7 +28,9 @@ LINK_UP = "link_up"
 FAILBACK = "failback"
 NO_PATH = "no_path"
 PEER_LOST = "peer_lost"
-EVENTS = (LINK_DOWN, FAILOVER, LINK_UP, FAILBACK, NO_PATH, PEER_LOST)
+RELAY_ON = "relay_on"    # no rail to the peer: its traffic goes through ``via``
+RELAY_OFF = "relay_off"  # not through ``via`` any more (``cause`` says why)
+EVENTS = (LINK_DOWN, FAILOVER, LINK_UP, FAILBACK, NO_PATH, PEER_LOST, RELAY_ON, RELAY_OFF)
 
 CARRIER = "carrier"            # our own NIC lost carrier (netlink)
 PEER_CARRIER = "peer_carrier"  # the peer told us its NIC lost carrier
@@ -36,14 +38,19 @@ SOCKET_ERROR = "socket_error"  # send/recv failed (RST, EPIPE, EHOSTUNREACH, ...
 TIMEOUT = "timeout"            # nothing heard for the silent timeout
 PROTOCOL_ERROR = "protocol_error"  # the link carried a frame that breaks the protocol
 DEGRADED = "degraded"          # carrier up, but goodput stayed below half its healthy rate
-CAUSES = (CARRIER, PEER_CARRIER, SOCKET_ERROR, TIMEOUT, PROTOCOL_ERROR, DEGRADED)
+# why a relay ended (relay_off, and the no_path that may follow it)
+PATH_BACK = "path_back"        # a rail to the peer is back (past its hold-down)
+UNREACHABLE = "unreachable"    # the relay said it cannot reach the peer
+VIA_LOST = "via_lost"          # the relay itself is out of reach
+CAUSES = (CARRIER, PEER_CARRIER, SOCKET_ERROR, TIMEOUT, PROTOCOL_ERROR, DEGRADED, PATH_BACK, UNREACHABLE,
+          VIA_LOST)
 
 #: fields every record has, in this order
 FIELDS = ("ts", "rank", "event", "peer", "rail", "cause")
 
 ENV_VAR = "LINKESCAPE_EVENTS"
 
-_WARNING_EVENTS = frozenset((LINK_DOWN, NO_PATH, PEER_LOST))
+_WARNING_EVENTS = frozenset((LINK_DOWN, NO_PATH, PEER_LOST, RELAY_ON))
 
 logger = logging.getLogger("linkescape.events")
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -56,6 +57,21 @@ TRIGGERS = {"CommTimeout": "timeout", "PeerLost": "peer_lost", "LinkFailure": "l
 DUMP_THROTTLE_S = 2.0
 
 _POSTED, _STARTED, _DONE, _FAILED = "posted", "started", "done", "failed"
+#: a finished op's slot keeps the peers and frame counts of at most this many
+#: peers (an all_to_all of N ranks would otherwise keep N of each, per slot)
+KEEP_PEERS = 16
+
+
+def _bounded_peers(peers):
+    if peers is None or len(peers) <= KEEP_PEERS:
+        return peers
+    return frozenset(sorted(peers)[:KEEP_PEERS])
+
+
+def _bounded_frames(frames):
+    if frames is None or len(frames) <= KEEP_PEERS:
+        return frames
+    return dict(sorted(frames.items())[:KEEP_PEERS])
 
 
 class _Slot:
@@ -215,7 +231,9 @@ class FlightRecorder:
                 s.state = _DONE if err is None else _FAILED
                 s.error = err
                 s.op = None
-                s.waiting = waiting
+                s.waiting = waiting[:KEEP_PEERS] if waiting else waiting
+                s.peers = _bounded_peers(s.peers)
+                s.frames = _bounded_frames(s.frames)
         self._count(op.name, sig, posted, now, err)
         if err is not None:
             reason = TRIGGERS.get(type(err).__name__) or next(
@@ -256,7 +274,22 @@ class FlightRecorder:
             pending = [s.posted for s in self._ring if s.op is not None]
             return {"ops": dict(self.ops), "bytes": dict(self.bytes), "seconds": dict(self.seconds),
                     "errors": dict(self.errors), "collective_posted": self.coll_posted,
-                    "collective_done": self.coll_done, "oldest_pending_posted": min(pending) if pending else None}
+                    "collective_done": self.coll_done, "oldest_pending_posted": min(pending) if pending else None,
+                    "ring_bytes": self.ring_bytes()}
+
+    def ring_bytes(self) -> int:
+        """What the ring holds, in bytes (its slots and what finished ops left
+        in them: at most ``KEEP_PEERS`` peers each, so the ring is bounded by
+        its size, whatever N). Counted when asked (a scrape), never per op."""
+        total = sys.getsizeof(self._ring)
+        for slot in list(self._ring):
+            total += sys.getsizeof(slot) + sys.getsizeof(slot.sig)
+            peers, frames = slot.peers, slot.frames
+            if peers is not None and slot.op is None:
+                total += sys.getsizeof(peers)
+            if frames is not None and slot.op is None:
+                total += sys.getsizeof(frames)
+        return total
 
     # ---------------------------------------------------------------- dump
     def entries(self, channels: Optional[Dict[int, dict]] = None) -> List[Dict[str, Any]]:

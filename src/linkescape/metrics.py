@@ -19,6 +19,7 @@ one adds ``comm="<n>"`` so their series never collide.
 from __future__ import annotations
 
 import threading
+import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -165,6 +166,17 @@ class CommMetrics:
                       extra, {"rail": str(r), "name": _label(name)}, 1)
         fam.gauge("linkescape_ops_pending", "Operations in the engine, not complete", extra, {},
                   snap.get("ops_pending", 0))
+        rss = resident_bytes()
+        if rss is not None:
+            fam.gauge("linkescape_process_resident_bytes", "Resident memory of the process (RSS), bytes", extra, {},
+                      rss)
+        if snap.get("relayed_pairs") is not None:
+            fam.gauge("linkescape_relayed_pairs", "Pairs of other ranks whose frames this rank passes on now",
+                      extra, {}, snap["relayed_pairs"])
+        for key, n in sorted((snap.get("relay_bytes") or {}).items()):
+            peer, _, via = str(key).partition(":")
+            fam.counter("linkescape_relay_bytes_total", "Bytes sent to the peer through a relay rank (via)",
+                        extra, {"peer": peer, "via": via}, n)
         if snap.get("rejected_connections") is not None:
             fam.counter("linkescape_rejected_connections_total",
                         "Incoming connections closed because they failed authentication or the handshake",
@@ -220,9 +232,21 @@ class CommMetrics:
         for state in ("posted", "done"):
             fam.gauge("linkescape_collective_seq", "Sequence number of the last collective posted / done here",
                       extra, {"state": state}, st["collective_" + state])
+        if st.get("ring_bytes") is not None:
+            fam.gauge("linkescape_flight_recorder_bytes", "Bytes the flight recorder's ring holds (bounded by its size)",
+                      extra, {}, st["ring_bytes"])
         oldest = st["oldest_pending_posted"]
         fam.gauge("linkescape_oldest_op_seconds", "Age of the oldest operation not done (0: none)", extra, {},
                   0.0 if oldest is None else max(0.0, now - oldest))
+
+
+def resident_bytes():
+    """The process's resident memory (Linux ``/proc/self/statm``), or None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Families:

@@ -192,6 +192,7 @@ class LinkSetup:
         self._abort: Optional[BaseException] = None
         self._flag_at = 0.0
         self._auth_seen = 0
+        self._rails: set = set(range(len(rail_addrs)))
 
     @property
     def addresses(self) -> List[Tuple[str, int]]:
@@ -243,6 +244,9 @@ class LinkSetup:
 
     # ------------------------------------------------------------ accepting
     def _admit(self, peer: int, rail: int, epoch: int) -> int:
+        if rail not in self._rails:
+            # a backup dialed early by a peer whose start-up is done: it comes back once recovery accepts
+            raise HandshakeError(f"rail {rail} is opened after start-up")
         return 1  # nothing received yet: replay would start at seq 1
 
     def _accept_loop(self, expected: int, deadline: float, stop: threading.Event) -> None:
@@ -268,10 +272,11 @@ class LinkSetup:
 
     # ------------------------------------------------------------ all links
     def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float,
-                    store=None) -> Dict[Tuple[int, int], socket.socket]:
+                    store=None, rails: Optional[Sequence[int]] = None) -> Dict[Tuple[int, int], socket.socket]:
         """Returns {(peer, rail): socket} for every pair and rail. ``store``:
         where the per-job secret is (when no key is configured) and where key
-        mismatches are reported."""
+        mismatches are reported. ``rails``: the rails opened now (default: all
+        of them); the others are opened by recovery once the job runs."""
         self.job = job
         self._store = store
         nr = len(self.rail_addrs)
@@ -287,14 +292,15 @@ class LinkSetup:
         key, _source = auth.link_key(self.config, secret, self.rank)
         self.auth = LinkAuth(key, job, self.rank, self.world_size, nr)
         self.acceptor = Acceptor(self.listeners, self.auth, self.config, peer_addrs=peers)
-        expected_in = (self.world_size - 1 - self.rank) * nr
+        self._rails = set(range(nr)) if rails is None else set(rails)
+        expected_in = (self.world_size - 1 - self.rank) * len(self._rails)
         stop = threading.Event()
         acceptor = threading.Thread(target=self._accept_loop, args=(expected_in, deadline, stop), daemon=True,
                                     name=f"linkescape-accept-{self.rank}")
         acceptor.start()
         out: Dict[Tuple[int, int], socket.socket] = {}
         try:
-            self._dial_all(peers, nr, deadline, out)
+            self._dial_all(peers, sorted(self._rails), deadline, out)
             while acceptor.is_alive() and time.monotonic() < deadline:
                 acceptor.join(0.05)
                 if self._abort is not None:
@@ -309,7 +315,7 @@ class LinkSetup:
             stop.set()
             acceptor.join()
         with self._cv:
-            missing = sorted({p for p in range(self.rank + 1, self.world_size) for r in range(nr)
+            missing = sorted({p for p in range(self.rank + 1, self.world_size) for r in self._rails
                               if (p, r) not in self.accepted})
             if missing:
                 for sock in out.values():
@@ -318,7 +324,7 @@ class LinkSetup:
             out.update(self.accepted)
         return out
 
-    def _dial_all(self, peers: Dict[int, List[Tuple[str, int]]], nr: int, deadline: float,
+    def _dial_all(self, peers: Dict[int, List[Tuple[str, int]]], rails: List[int], deadline: float,
                   out: Dict[Tuple[int, int], socket.socket]) -> None:
         """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time,
         all from this thread: each dial is a non-blocking socket and its
@@ -327,7 +333,7 @@ class LinkSetup:
         round trip, and a thread per dial cost more than the dial). A dial
         that fails (refused, reset, no answer in 10 s) is retried with
         backoff until ``deadline``; a key mismatch stops them all."""
-        todo = [(p, rail) for p in range(self.rank) for rail in range(nr)]
+        todo = [(p, rail) for p in range(self.rank) for rail in rails]
         todo.reverse()  # popped from the end: lowest rank first
         retry_at: Dict[Tuple[int, int], float] = {}
         delays: Dict[Tuple[int, int], float] = {}

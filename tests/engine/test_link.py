@@ -7,7 +7,6 @@ import socket
 from linkescape.engine.link import Link, WireItem
 from linkescape.protocol.channel import OutFrame
 from linkescape.protocol.frames import HEADER_SIZE, Kind, pack_header, unpack_header
-from linkescape.protocol.linkstate import LinkStatus
 
 
 def _data(seq: int, n: int = 1000) -> WireItem:
@@ -30,7 +29,7 @@ def _kinds(sock: socket.socket, total: int):
 def test_acks_and_notifications_overtake_queued_data_but_bye_keeps_its_place():
     a, b = socket.socketpair()
     try:
-        link = Link(a, peer=1, rail=0, epoch=1, status=LinkStatus(0), now=0.0)
+        link = Link(a, peer=1, rail=0, epoch=1, now=0.0)
         for seq in (1, 2, 3):
             link.queue(_data(seq))
         link.out[0].pos = 10  # the first frame is being written: it stays first
@@ -52,7 +51,7 @@ def test_acks_and_notifications_overtake_queued_data_but_bye_keeps_its_place():
 def test_a_control_frame_on_an_empty_link_is_simply_queued():
     a, b = socket.socketpair()
     try:
-        link = Link(a, peer=1, rail=0, epoch=1, status=LinkStatus(0), now=0.0)
+        link = Link(a, peer=1, rail=0, epoch=1, now=0.0)
         link.queue_control(Kind.HEARTBEAT, 0, arg=2)
         link.queue(_data(1))
         link.queue_control(Kind.ACK, 0)

@@ -20,17 +20,13 @@ RAILS = ("127.0.0.1", "127.0.0.2")
 def _garble(comm, rail: int) -> bool:
     """Write one frame with an impossible ack on our link to rank 0 (under
     the engine lock, between two frames)."""
-    eng = comm._engine
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        eng._acquire()
-        try:
+        with comm._driver.locked() as eng:
             link = eng.peers[0].links[rail]
             if link is not None and not link.out:
                 link.sock.send(pack_header(Kind.ACK, 0, 1 << 40))
                 return True
-        finally:
-            eng.lock.release()
         time.sleep(0.05)
     return False
 

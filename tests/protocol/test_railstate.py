@@ -117,7 +117,7 @@ class Wire:
             return
         for d in range(2):
             e = self.ends[d]
-            for f in e.tx.pending_replay(e.tx.acked + 1):
+            for f in list(e.tx.unacked):
                 self.q[d][link].append(self.frame(d, "data", f.seq, bytes(f.payload)))
 
     def drop_control(self, d: int, link: int) -> None:

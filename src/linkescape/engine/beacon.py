@@ -1,19 +1,28 @@
 """Liveness through the store (the management network, apart from the rails).
 
-Each rank refreshes a record, ``linkescape/alive/{rank}``, once a second
-(one store call: a counter it adds 1 to). That is all a healthy job asks of
-the store: one call per rank per second, whatever N. A peer that has no path
-over the rails is judged by its record, read twice a second only while it
-has no path: a record that keeps changing is a live peer that is cut off
-(wait for a rail: ``no_path``, then ``LinkFailure`` after the deadline); a
-record that stopped changing for 2.5 beats (and ``LINKESCAPE_PEER_LOST_TIMEOUT``)
-while the store answers us is a process or host that is gone (``PeerLost``).
+Each rank refreshes a record, ``linkescape/alive/{rank}``, once a second: one
+store call, whatever N. That is all a healthy job asks of the store. A peer
+that has no path over the rails is judged by its record, read twice a second
+only while it has no path: a record that keeps advancing is a live peer that
+is cut off (wait for a rail: ``no_path``, then ``LinkFailure`` after the
+deadline); a record that stopped advancing for 2.5 beats (and
+``LINKESCAPE_PEER_LOST_TIMEOUT``) while the store answers us is a process or
+host that is gone (``PeerLost``).
 
 The first rank that fails because a peer is lost records the root cause in
 ``linkescape/failed``. Ranks with a link to it learn it from ``PEER_LOST``
 frames; a rank without a path to some peer also reads the record, so it fails
 naming the lost peer, not the rank that told it (which may have exited by
 then).
+
+Every record is authenticated: a MAC with a key derived from the job's link
+key, over the job, the rank that wrote it and what it says. With a key set
+(``LINKESCAPE_AUTH_KEY``), a store writer who does not hold it cannot forge
+a record, move one to another rank's key or another job, or roll a
+counter back: such a record is ignored (logged once), and from then on the
+store is no evidence about that peer (its verdict waits for the rails).
+Without a key the MAC's key is the per-job secret in the store, which only
+keeps out those who cannot read the store (docs/security.md).
 
 Store calls can block (a TCPStore whose host is unreachable), so they run on
 this thread only, never under the engine lock. When the store does not
@@ -22,24 +31,18 @@ answer, nothing is concluded from it: see ``Liveness``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
-
-if TYPE_CHECKING:
-    from .core import Engine
+from typing import Callable, Dict, Optional, Tuple
 
 log = logging.getLogger("linkescape.beacon")
 
 ALIVE_KEY = "linkescape/alive/{rank}"
 FAILED_KEY = "linkescape/failed"
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
-
 
 #: seconds between two refreshes of a rank's record (one store call each)
 BEAT = 1.0
@@ -47,29 +50,85 @@ BEAT = 1.0
 STALE_BEATS = 2.5
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+class RecordKey:
+    """MACs of the job's store records: bound to the job, the writer and the content."""
+
+    def __init__(self, link_key: bytes, job: bytes) -> None:
+        self.job = bytes(job).rstrip(b"\0")
+        self._key = hmac.new(bytes(link_key), b"linkescape store records\0" + self.job, hashlib.sha256).digest()
+
+    def mac(self, *fields) -> str:
+        msg = "\0".join(str(f) for f in fields).encode()
+        return hmac.new(self._key, self.job + b"\0" + msg, hashlib.sha256).hexdigest()[:32]
+
+    def alive(self, rank: int, counter: int) -> str:
+        return f"{counter} {self.mac('alive', rank, counter)}"
+
+    def read_alive(self, rank: int, value: str) -> Optional[int]:
+        """The counter of an authentic record of ``rank``, else None."""
+        try:
+            counter_s, mac = value.split(" ", 1)
+            counter = int(counter_s)
+        except ValueError:
+            return None
+        return counter if hmac.compare_digest(mac, self.mac("alive", rank, counter)) else None
+
+    def failure(self, peer: int, by: int, kind: str, why: str, ts: float) -> str:
+        record = {"peer": peer, "by": by, "type": kind, "why": why, "ts": ts}
+        record["mac"] = self.mac("failed", peer, by, kind, why, repr(ts))
+        return json.dumps(record)
+
+    def read_failure(self, value: str) -> Optional[dict]:
+        try:
+            record = json.loads(value)
+            ok = hmac.compare_digest(str(record["mac"]), self.mac(
+                "failed", int(record["peer"]), int(record["by"]), record["type"], record["why"], repr(record["ts"])))
+        except (ValueError, TypeError, KeyError):
+            return None
+        return record if ok else None
+
+
 class Beacon:
-    def __init__(self, engine: "Engine", store, interval: Optional[float] = None) -> None:
-        self.engine = engine
+    """``on_record(record)``: an authentic failure record of another rank
+    (called from this thread); ``failed()``: whether this rank failed already."""
+
+    def __init__(self, rank: int, store, key: RecordKey, clock, peer_lost_timeout: float,
+                 on_record: Callable[[dict], None], failed: Callable[[], bool],
+                 interval: Optional[float] = None) -> None:
+        self.rank = rank
         self.store = store
-        self.rank = engine.rank
+        self.key = key
+        self.clock = clock
         if interval is None:
             # a job that wants a faster verdict than the default beats faster
-            interval = min(BEAT, engine.config.peer_lost_timeout / 2)
+            interval = min(BEAT, peer_lost_timeout / 2)
         self.interval = interval
+        self.on_record = on_record
+        self.failed = failed
         #: store calls made (the store-budget test counts them through the store too)
         self.calls = 0
         self.wakeups = 0
         self._counter = 0
         self._cv = threading.Condition()
         self._closed = False
-        #: peers whose record we read: peer -> (last value, our time it changed, our time last read)
-        self._seen: Dict[int, Tuple[Optional[str], float, float]] = {}
+        #: peers whose record we read: peer -> (highest counter, our time it advanced, our time last read)
+        self._seen: Dict[int, Tuple[Optional[int], float, float]] = {}
+        #: peers whose record was forged or rolled back: the store says nothing about them
+        self.distrusted: set = set()
+        self._known: set = set()
         self._watch: set = set()
         self._report: Optional[str] = None
         self._reported = threading.Event()
+        self._warned: set = set()
         #: last time the store answered us (None: never)
         self.store_ok: Optional[float] = None
         self._thread = threading.Thread(target=self._loop, name=f"linkescape-beacon-{self.rank}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     # ------------------------------------------------------------ engine side (any thread, no store I/O)
@@ -87,10 +146,13 @@ class Beacon:
 
     def verdict(self, peer: int, stale_after: float, now: float) -> Optional[bool]:
         """True: the peer refreshes its record (alive); False: the record
-        stopped changing for ``stale_after`` seconds while we kept reading it
-        (gone); None: the store cannot tell (no answer, no record, too soon)."""
+        stopped advancing for ``stale_after`` seconds while we kept reading it
+        (gone); None: the store cannot tell (no answer, no authentic record,
+        a record tampered with, too soon)."""
         with self._cv:
             seen = self._seen.get(peer)
+            if peer in self.distrusted:
+                return None
         if seen is None or seen[0] is None:
             return None
         _value, changed, read = seen
@@ -100,8 +162,7 @@ class Beacon:
 
     def report_failure(self, peer: int, error: BaseException) -> None:
         """Record the root cause of this rank's failure for the others."""
-        record = json.dumps({"peer": peer, "by": self.rank, "type": type(error).__name__,
-                             "why": str(error), "ts": time.time()})
+        record = self.key.failure(peer, self.rank, type(error).__name__, str(error), round(self.clock.wall(), 3))
         with self._cv:
             if self._report is None:
                 self._report = record
@@ -119,7 +180,7 @@ class Beacon:
         with self._cv:
             self._closed = True
             self._cv.notify()
-        if self._thread is not threading.current_thread():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
 
     # ------------------------------------------------------------ the thread
@@ -132,7 +193,7 @@ class Beacon:
                 if self._closed and (self._report is None or self._reported.is_set()):
                     return
                 due = next_beat if not self._watch else min(next_beat, next_read)
-                wait = max(0.0, due - time.monotonic())
+                wait = max(0.0, due - self.clock.now())
                 if (self._report is None or self._reported.is_set()) and not self._closed and wait > 0:
                     self._cv.wait(wait)
                 self.wakeups += 1
@@ -143,7 +204,7 @@ class Beacon:
             try:
                 if report is not None:
                     self._write_failure(report)
-                now = time.monotonic()
+                now = self.clock.now()
                 if now >= next_beat:
                     self._beat(key)
                     next_beat = now + self.interval
@@ -153,54 +214,74 @@ class Beacon:
                     self._read_failed()
                     for peer in watch:
                         self._read_peer(peer)
-                self.store_ok = time.monotonic()
+                self.store_ok = self.clock.now()
             except Exception as exc:  # noqa: BLE001 - the store is best effort, never the data path
                 log.debug("rank %d: store not answering: %s", self.rank, exc)
                 time.sleep(min(self.interval, 0.2))
 
     def _beat(self, key: str) -> None:
         self.calls += 1
-        add = getattr(self.store, "add", None)
-        if add is not None:
-            add(key, 1)  # one call; the value is a counter that only grows
-        else:
-            self._counter += 1
-            self.store.set(key, f"{self._counter} {time.time():.3f}")
+        self._counter += 1
+        self.store.set(key, self.key.alive(self.rank, self._counter))
 
     def _has(self, key: str) -> bool:
         check = getattr(self.store, "check", None)
         self.calls += 1
         return bool(check([key])) if check is not None else True
 
+    def _warn(self, what: str, detail: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("rank %d: ignored a store record that is not authentic (%s): %s; the store is no evidence "
+                        "about it from now on", self.rank, what, detail)
+
     def _read_peer(self, peer: int) -> None:
         key = ALIVE_KEY.format(rank=peer)
-        add = getattr(self.store, "add", None)
-        if add is not None:
-            self.calls += 1
-            count = int(add(key, 0))  # one call, never blocks; 0: no record yet
-            value = str(count) if count else None
-        else:
-            value = _text(self.store.get(key)) if self._has(key) else None
-        now = time.monotonic()
+        if peer not in self._known:  # a get would wait for a record that does not exist yet
+            if not self._has(key):
+                return
+            self._known.add(peer)
+        self.calls += 1
+        raw = _text(self.store.get(key))
+        counter = self.key.read_alive(peer, raw)
+        now = self.clock.now()
         with self._cv:
             old = self._seen.get(peer)
-            if old is None or old[0] != value:
-                self._seen[peer] = (value, now, now)
+            if counter is None or (old is not None and old[0] is not None and counter < old[0]):
+                self.distrusted.add(peer)
+                why = "forged" if counter is None else f"rolled back from {old[0]} to {counter}"
+            elif old is None or old[0] != counter:
+                self._seen[peer] = (counter, now, now)
+                return
             else:
-                self._seen[peer] = (value, old[1], now)
+                self._seen[peer] = (counter, old[1], now)
+                return
+        self._warn(f"alive/{peer}", why)
 
     def _read_failed(self) -> None:
-        if self.engine.fatal is not None or not self._has(FAILED_KEY):
+        if self.failed() or not self._has(FAILED_KEY):
             return
-        try:
-            record = json.loads(_text(self.store.get(FAILED_KEY)))
-        except (ValueError, TypeError):
+        self.calls += 1
+        raw = _text(self.store.get(FAILED_KEY))
+        record = self.key.read_failure(raw)
+        if record is None:
+            self._warn("failed", raw[:120])
             return
         if record.get("by") == self.rank:
             return
-        self.engine.call_soon(lambda: self.engine.liveness.root_cause(record))
+        self.on_record(record)
 
     def _write_failure(self, record: str) -> None:
-        if not self._has(FAILED_KEY):
-            self.store.set(FAILED_KEY, record)
+        """The first authentic root cause stays; anything else there (a
+        forgery) is overwritten."""
+        if self._has(FAILED_KEY):
+            self.calls += 1
+            if self.key.read_failure(_text(self.store.get(FAILED_KEY))) is not None:
+                self._reported.set()
+                return
+        self.calls += 1
+        self.store.set(FAILED_KEY, record)
         self._reported.set()
+
+
+__all__ = ["Beacon", "RecordKey", "ALIVE_KEY", "FAILED_KEY", "BEAT", "STALE_BEATS"]

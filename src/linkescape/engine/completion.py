@@ -5,27 +5,30 @@ carved into frames, and then either acknowledged (rooted operations, which
 must find a disagreement within themselves) or *settled*: no zero-copy frame
 still points into the caller's memory (acks usually arrive within
 microseconds; after a short wait the rest is copied).
+
+A finished operation lets go of everything it held (its messages, their
+views of the caller's memory, the algorithm's callbacks): an operation and
+its messages point at each other, so without that the caller's buffers
+would live until Python's cycle collector ran, and a job that hands each
+step fresh buffers would grow.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import TYPE_CHECKING, List
+from typing import Callable, Dict, List
 
 from ..errors import CommTimeout
 from .messages import ANY_SOURCE, InMessage, Op
-
-if TYPE_CHECKING:
-    from .core import Engine
-    from .peer import PeerChannel
 
 log = logging.getLogger("linkescape.engine")
 
 
 class OpTable:
-    def __init__(self, host: "Engine") -> None:
-        self.host = host
+    def __init__(self, peers: Dict[int, "PeerChannel"], matcher: "Matcher", clock) -> None:
+        self.peers = peers
+        self.matcher = matcher
+        self.clock = clock
         self.ops: List[Op] = []
         #: seconds a finished op waits for acks before copying what is unacknowledged
         self.settle = 0.002
@@ -44,22 +47,21 @@ class OpTable:
         op = m.op
         op.pending_recvs -= 1
         if op.pending_recvs == 0:
-            self.check(op, time.monotonic())
+            self.check(op, self.clock.now())
 
     def check(self, op: Op, now: float) -> None:
         if op.done or not op.transferred:
             return
-        peers = self.host.peers
+        peers = self.peers
         if op.need_ack:
             for p, seq in op.last_seq.items():
-                if peers[p].send.acked < seq:
+                if peers[p].outbound.acked < seq:
                     return
             self.complete(op)
             return
         pending = False
         for p, seq in op.last_seq.items():
-            schan = peers[p].send
-            if schan.acked < seq and schan.zc:
+            if peers[p].zero_copy_pending(seq):
                 pending = True
                 break
         if pending:
@@ -70,7 +72,7 @@ class OpTable:
                 return
             for lo, hi in op.ranges():
                 for p in op.last_seq:
-                    peers[p].send.materialize(lo, hi)
+                    peers[p].materialize(lo, hi)
         self.complete(op)
 
     def check_all(self, now: float) -> None:
@@ -91,26 +93,27 @@ class OpTable:
                 cb(op)
             except Exception:  # noqa: BLE001
                 log.exception("completion callback failed")
+        op.release()
 
     def fail(self, op: Op, exc: BaseException) -> None:
         if op.done:
             return
         op.error = exc
-        peers = self.host.peers
+        peers = self.peers
         # What this op had posted can never be matched now.
         for m in op.sends:
-            peers[m.peer].tx.cancel(m)
+            peers[m.peer].cancel(m)
         for m in op.recvs:
             if m.peer == ANY_SOURCE:
-                q = self.host.any_recvs.get(m.msg)
+                q = self.matcher.any_recvs.get(m.msg)
                 if q and m in q:
                     q.remove(m)
             else:
-                peers[m.peer].rx.cancel(m)
+                peers[m.peer].cancel(m)
         # ... nor may a replay later read memory the caller rewrites.
         for lo, hi in op.ranges():
             for p in op.last_seq:
-                peers[p].send.materialize(lo, hi)
+                peers[p].materialize(lo, hi)
         self.complete(op)
 
     def fail_all(self, exc: BaseException) -> None:
@@ -120,13 +123,8 @@ class OpTable:
     def fail_needing(self, peer: "PeerChannel", exc: BaseException) -> None:
         """Fail the operations that still need something from ``peer``."""
         rank = peer.rank
-        acked = peer.send.acked
         for op in list(self.ops):
-            if op.done or rank not in op.peers:
-                continue
-            if (any(m.peer == rank and not m.done for m in op.recvs)
-                    or any(m.peer == rank and m.carved < m.nbytes for m in op.sends)
-                    or (op.need_ack and op.last_seq.get(rank, 0) > acked)):
+            if not op.done and rank in op.peers and peer.needs(op):
                 self.fail(op, exc)
 
     def timeout(self, op: Op) -> None:
@@ -134,3 +132,6 @@ class OpTable:
                          {m.peer for m in op.sends if m.carved < m.nbytes})
         self.fail(op, CommTimeout(f"{op.name} (op {op.seq}) timed out waiting for ranks {waiting}",
                                   peers=waiting, op_seq=op.seq))
+
+
+OnDone = Callable[[Op], None]

@@ -1,18 +1,21 @@
 """The progress engine: a small loop over peers, descriptors and timers.
 
-- Each peer (``PeerChannel``) owns its links and data path; the engine polls
-  their sockets and hands each event to the peer that owns the link.
+- Each peer (``PeerChannel``) owns its links, its route and its data path;
+  the engine polls their sockets, hands each event to the peer that owns the
+  link, and applies what the peer reports (``outcomes``), in order, after
+  the call: the engine is the only place where one peer's events act on the
+  rest of the rank (operations, other peers, relays, liveness, recovery).
 - Operations in flight live in an ``OpTable``; verdicts on peers without a
-  path in ``Liveness``; who drives progress (a waiting caller or the
-  background thread) in the ``Driver``.
-- Every socket is non-blocking and every state change happens under
-  ``self.lock``.
+  path come from ``Liveness``; relays from the ``RelayRouter``. Who drives
+  progress (a waiting caller or the background thread) is the ``Driver``'s
+  business, which also holds the lock every state change happens under.
 - Nothing here runs per peer or per link on a clock: the timers look only
   at the *hot* peers (an operation pending with them, bytes of ours waiting
   for their kernel's ack, a fault being handled, a rail in hold-down), and
   wake the loop only while one is hot or when the probe budget is due.
   Idle and backup links are checked a fixed number a second per rank
   (``ProbeBudget``), whatever the number of peers.
+- Time comes from ``self.clock`` (``clock.py``).
 """
 
 from __future__ import annotations
@@ -20,32 +23,36 @@ from __future__ import annotations
 import collections
 import logging
 import select
-import time
+import socket
 from typing import Callable, Dict, List, Optional
 
 from ..config import Config
-from ..errors import CommClosed
-from ..protocol.frames import Kind
-from ..protocol.linkstate import Ev, PathPolicy
+from ..errors import CommClosed, LinkEscapeError, PeerLost
+from ..protocol.channel import address_range
+from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH
 from ..protocol.grey import RailRate, Window
-from ..protocol.linkstate import State
-from ..transport.tcp import ack_silence, tcp_sample
+from ..protocol.linkstate import Ev, PathPolicy, State
 from ..protocol.railstate import RailWord
+from ..transport.tcp import ack_silence, tcp_sample
+from .clock import SYSTEM, Clock
+from .beacon import Beacon
 from .completion import OpTable
-from .driver import Driver
-from .io import IoSet
+from .io import IoSet, Signal
 from .link import Link
-from .liveness import Liveness
+from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op
-from .peer import PeerChannel
+from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
+                       RecvDone, Redial, Relayed, RelayReset, Unreachable)
+from .peer import Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
+from .relay import RelayRouter
 
 log = logging.getLogger("linkescape.engine")
 
 #: seconds between two goodput samples of the links (grey failure)
 GREY_INTERVAL = 0.1
 #: timer cadence while a fault is handled with some hot peer (no path, EOF,
-#: a rail held out, parked or stashed frames)
+#: a rail held out, parked or stashed frames, a relay)
 TICK = 0.01
 #: the longest the timers sleep while some peer is hot and healthy: owed
 #: acks go out then (need_ack operations ask for theirs at once); silence
@@ -53,38 +60,46 @@ TICK = 0.01
 TICK_IDLE = 0.04
 #: peers with a rail down whose remaining links carry heartbeats (the rest: the probe budget)
 WATCH_DEGRADED = 8
+#: seconds between two searches for a relay for a peer without a path
+RELAY_RETRY = 0.5
 
 
 class Engine:
-    def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None) -> None:
+    def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None,
+                 clock: Clock = SYSTEM, store=None, record_key=None, tcp_probe=ack_silence) -> None:
         self.rank = rank
         self.world_size = world_size
         self.nrails = nrails
         self.config = config
         self.events = events
+        self.clock = clock
         self.io = IoSet()
-        self.driver = Driver(self)
-        self.lock = self.driver.lock
+        #: whoever drives progress runs these under the lock (``call_soon``)
+        self._soon: "collections.deque" = collections.deque()
+        #: wakes Recovery (a link went down, a peer's NIC came back)
+        self.recovery_signal = Signal()
         self.policy = PathPolicy(primary=0, holddown=config.failback_holddown, stripe=config.policy == "stripe")
-        self.peers: Dict[int, PeerChannel] = {p: PeerChannel(self, p, nrails)
-                                              for p in range(world_size) if p != rank}
-        self.ops = OpTable(self)
-        #: any-source receives not matched yet, by tag, in posting order
-        self.any_recvs: Dict[int, "collections.deque"] = {}
-        self.liveness = Liveness(self)
-        #: sequence number of the last collective started here
-        self.coll_started = 0
-        self.fatal: Optional[BaseException] = None
-        self.closed = False
-        self.scratch = memoryview(bytearray(1 << 16))
-        #: links cut by an emulated fault: unused, closed when the rail returns
-        self.severed: List[Link] = []
-        #: bytes a link may have queued before the sender stops carving frames
-        self.watermark = 2 * config.chunk_bytes
         #: our rails without carrier; every frame carries the word (level state)
-        self.rails = RailWord()
+        self.rail_word = RailWord()
         #: healthy goodput per rail (grey-failure reference), shared by its links
         self.rail_rates = [RailRate() for _ in range(nrails)]
+        self.matcher = Matcher()
+        self.peers: Dict[int, PeerChannel] = {}
+        self.relays = RelayRouter(rank, self.peers, self.rail_word, config.relay_window, clock)
+        self.env = PeerEnv(rank, nrails, config, clock, self.io, self.policy, self.rail_word, self.rail_rates,
+                           self.matcher, self.protect_range, self.relays.admit, tcp_probe)
+        for p in range(world_size):
+            if p != rank:
+                self.peers[p] = PeerChannel(p, self.env)
+        self.ops = OpTable(self.peers, self.matcher, clock)
+        #: liveness and root causes through the store (None: no store)
+        self.beacon = None
+        if store is not None and record_key is not None and world_size > 1:
+            self.beacon = Beacon(rank, store, record_key, clock, config.peer_lost_timeout,
+                                 on_record=self.failure_record, failed=lambda: self.fatal is not None)
+        self.liveness = Liveness(rank, nrails, config, clock, self.beacon)
+        self.fatal: Optional[BaseException] = None
+        self.closed = False
         #: peers the timers look at (see ``PeerChannel.quiet``); every other peer costs nothing
         self.hot: set = set()
         #: links that are down, as (peer, rail): what Recovery re-dials, without a scan of all peers
@@ -93,126 +108,293 @@ class Engine:
         #: (heartbeats): a second fault on them is the one that leaves no path.
         #: At most WATCH_DEGRADED, so a NIC failure facing N peers costs O(1).
         self.degraded_watch: set = set()
+        #: peers whose listeners Recovery should probe (every link ended with FIN/RST)
+        self._probe_wanted: set = set()
         #: idle and backup links are checked this many a second per rank, whatever N
         self.probes = ProbeBudget(sorted(self.peers), nrails, config.probe_rate)
         #: the link probed last: (peer, link), its acknowledgement looked at with the next probe
         self._probed = None
+        #: links of an emulated cut being taken down now (see ``local_rail_down``)
+        self._severed: List[Link] = []
+        #: peers without a path, and when a relay was last looked for
+        self._relay_search: Dict[PeerChannel, float] = {}
         self.next_timer = 0.0
         self._next_grey = 0.0
-        #: called when a down link should be re-dialed now (set by Recovery)
-        self.on_redial: Optional[Callable[[], None]] = None
 
-    # ------------------------------------------------------------ driving (see Driver)
-    def _acquire(self) -> None:
-        self.driver.acquire()
-
+    # ------------------------------------------------------------ for the Driver and other threads
     def call_soon(self, fn: Callable[[], None]) -> None:
-        self.driver.call_soon(fn)
+        """Run ``fn`` under the lock in the next progress round, from any
+        thread, without waiting for the lock (the driver may hold it for long)."""
+        self._soon.append(fn)
+        self.io.wake()
 
-    def start(self, op: Op) -> None:
-        self.driver.start(op)
+    def _run_soon(self) -> None:
+        soon = self._soon
+        while soon:
+            fn = soon.popleft()
+            try:
+                fn()
+            except LinkEscapeError as exc:
+                self.set_fatal(exc)
 
-    def run(self, op: Op, posted=None) -> None:
-        self.driver.run(op, posted)
-
-    def wait(self, op: Op, timeout: Optional[float] = None) -> bool:
-        return self.driver.wait(op, timeout)
-
-    def start_background(self) -> None:
-        self.driver.start_background()
+    def async_work(self) -> bool:
+        """(any thread, without the lock: the driver asks) Work for the
+        background thread. A copy of the hot set: it changes under the lock."""
+        if self.ops:
+            return True
+        for p in tuple(self.hot):
+            if p.sender.queue or p.sender.replay or p.receiving():
+                return True
+        return False
 
     def wake(self) -> None:
         self.io.wake()
 
-    @property
-    def spin(self) -> float:
-        return self.driver.spin
+    def start(self) -> None:
+        """Connected: the beacon's thread may start."""
+        if self.beacon is not None:
+            self.beacon.start()
 
-    @spin.setter
-    def spin(self, value: float) -> None:
-        self.driver.spin = value
+    # ------------------------------------------------------------ links and descriptors (lock held)
+    def open_links(self, links: List[Link]) -> None:
+        """The links opened at start-up."""
+        for link in links:
+            peer = self.peers[link.peer]
+            self._apply(peer, peer.open_link(link))
 
-    # ------------------------------------------------------------ links and descriptors
-    def add_link(self, link: Link) -> None:
-        """A link opened at start-up."""
-        with self.lock:
-            self.peers[link.peer].attach(link, time.monotonic())
-        self.wake()
+    def await_links(self, pairs) -> None:
+        """Links not opened at start-up (the backups): Recovery opens them
+        now, as it re-opens links that went down (no event: they never failed)."""
+        now = self.clock.now()
+        for rank, rail in pairs:
+            self.peers[rank].status[rail].await_first(now)
+            self.down.add((rank, rail))
+        if pairs:
+            self.recovery_signal.set()
 
-    def adopt_link(self, link: Link, peer_expected: int) -> None:
-        self.peers[link.peer].adopt(link, peer_expected)
+    def adopt(self, link: Link, peer_expected: int) -> None:
+        """A re-opened link (either side dialed): put it in service."""
+        if self.closed:
+            link.close()
+            return
+        peer = self.peers[link.peer]
+        self._apply(peer, peer.open_link(link, peer_expected))
 
-    def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
-        self.peers[link.peer].link_down(link, ev, detail=detail, close=close)
+    def local_rail_down(self, rail: int, ev: Ev, detail: str, notify: bool, close: bool = True) -> List[Link]:
+        """This rank's NIC on ``rail`` is unusable: every link on it goes down
+        at once, told to the peers that have one on it (first, so they learn
+        it before anything else happens) when ``notify``. Returns the links of
+        an emulated cut (``close=False``), left open and unused."""
+        if ev is Ev.CARRIER_DOWN:
+            self.rail_word.set(rail, True)  # every frame from now on says so
+        peers = [p for p in self.peers.values() if p.links[rail] is not None]
+        if notify:
+            for peer in peers:
+                self._apply(peer, peer.notify(NOTIFY_DOWN, rail))
+        for peer in peers:
+            self._apply(peer, peer.link_failed(rail, ev, detail, close=close))
+        severed, self._severed = self._severed, []
+        return severed
 
-    def notify_peers(self, kind: int, rail: int) -> None:
-        """Tell the peers that have a link on ``rail`` (or had one: NOTIFY_UP),
-        over any surviving link, about our NIC on ``rail``."""
-        down = kind == Kind.NOTIFY_DOWN
-        for peer in self.peers.values():
-            if (peer.links[rail] is not None) if down else (peer.status[rail].state is State.DOWN):
-                peer.notify(kind, rail)
-
-    def touch(self, peer: PeerChannel) -> None:
-        """``peer`` needs the timers (traffic, a state change)."""
-        self.hot.add(peer)
-
-    def rail_lost(self, peer: PeerChannel) -> None:
-        """``peer`` lost a link: watch its remaining ones closely, while fewer
-        than WATCH_DEGRADED peers are (``PeerChannel._whole_again`` ends it)."""
-        if len(self.degraded_watch) < WATCH_DEGRADED:
-            self.degraded_watch.add(peer)
-
-    def probe_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
-        self.liveness.probe_failed(self.peers[peer_rank], rail, refused)
-
-    @property
-    def rails_word(self) -> int:
-        return self.rails.word
+    def local_rail_up(self, rail: int) -> None:
+        """Our NIC on ``rail`` is back: retry its links at once, tell the peers."""
+        now = self.clock.now()
+        self.rail_word.set(rail, False)
+        for peer_rank, r in list(self.down):
+            if r == rail:
+                peer = self.peers[peer_rank]
+                st = peer.status[rail]
+                if st.state is State.DOWN:
+                    st.next_probe = now
+                    st.backoff = 0.0
+                    self._apply(peer, peer.notify(NOTIFY_UP, rail))
+        self.recovery_signal.set()
 
     def set_rail_state(self, rail: int, down: bool) -> None:
         """Record our NIC on ``rail`` as down or up in the word every frame carries."""
-        self.rails.set(rail, down)
+        self.rail_word.set(rail, down)
 
-    def redial(self) -> None:
-        if self.on_redial is not None:
-            self.on_redial()
+    def dial_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
+        peer = self.peers[peer_rank]
+        st = peer.status[rail]
+        if st.state is State.DOWN:
+            now = self.clock.now()
+            st.apply(Ev.PROBE, now)
+            st.apply(Ev.PROBE_FAILED, now, backoff_min=0.05, backoff_max=self.config.reconnect_max)
+        self.listener_probed(peer_rank, rail, refused)
+
+    def listener_probed(self, peer_rank: int, rail: int, refused: bool) -> None:
+        peer = self.peers[peer_rank]
+        self._verdict(peer, self.liveness.listener_probed(peer, rail, refused))
+
+    def down_links(self) -> List[tuple]:
+        """(any thread, no lock) (peer, rail, next try) of the down links this
+        rank re-dials (it is the higher rank of the pair): a copy, states
+        re-checked, only the links that are down looked at."""
+        out = []
+        for rank, rail in list(self.down):
+            peer = self.peers.get(rank)
+            if peer is None or rank > self.rank or peer.lost is not None:
+                continue
+            st = peer.status[rail]
+            if st.state is State.DOWN:
+                out.append((rank, rail, st.next_probe))
+        return out
+
+    def expected_from(self, peer_rank: int) -> int:
+        """(any thread) The next seq we expect from the peer (a racy read of an
+        int: a replay then trims less)."""
+        return self.peers[peer_rank].inbound.expected
+
+    def probes_wanted(self) -> List[int]:
+        return list(self._probe_wanted)
 
     def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
-        """Watch another descriptor (carrier monitor) from both loops."""
-        with self.lock:
-            self.io.add_fd(fd, handler)
+        """Watch another descriptor (the carrier monitor), set up before progress starts."""
+        self.io.add_fd(fd, handler)
         self.wake()
 
     def remove_fd(self, fd: int) -> None:
-        with self.lock:
-            self.io.remove_fd(fd)
+        self.io.remove_fd(fd)
 
-    def rail_totals(self) -> List[tuple]:
-        """(sent, received) bytes per rail, over every link ever opened on it."""
-        sent, received = [0] * self.nrails, [0] * self.nrails
-        for peer in self.peers.values():
-            for rail in range(self.nrails):
-                s, r = peer.rail_bytes(rail)
-                sent[rail] += s
-                received[rail] += r
-        return list(zip(sent, received))
+    # ------------------------------------------------------------ outcomes
+    def _apply(self, peer: PeerChannel, outcomes) -> None:
+        """What ``peer`` reported, in order."""
+        self.hot.add(peer)
+        for o in outcomes:
+            t = type(o)
+            if t is RecvDone:
+                self.ops.recv_done(o.message)
+            elif t is Emit:
+                self.emit(o.event, peer.rank, o.rail, o.cause, **o.extra)
+            elif t is LinkDown:
+                self._link_down(peer, o)
+            elif t is LinkUp:
+                self.down.discard((peer.rank, o.rail))
+                self.liveness.link_up(peer, o.rail)
+                if peer.whole:
+                    self.degraded_watch.discard(peer)
+            elif t is Redial:
+                self.recovery_signal.set()
+            elif t is NoPath:
+                self._no_path(peer)
+            elif t is PathBack:
+                self._relay_search.pop(peer, None)
+                self.liveness.path_back(peer)
+            elif t is OpFailed:
+                self.ops.fail(o.op, o.error)
+            elif t is Fatal:
+                self.set_fatal(o.error)
+            elif t is Closed:
+                self.ops.fail_needing(peer, o.error)
+            elif t is LostReported:
+                self.root_cause(self.liveness.reported(peer.rank, o.lost_rank))
+            elif t is Forward:
+                self._forward(peer, o.dst, o.frame)
+            elif t is Relayed:
+                src = self.peers.get(o.src)
+                if src is not None:
+                    self._apply(src, src.on_relayed(o.frame))
+            elif t is Unreachable:
+                self._unreachable(peer, o.dst)
+            elif t is RelayReset:
+                dst = self.peers.get(o.dst)
+                if dst is not None and dst.relay is not None and dst.relay.via == peer.rank:
+                    self._apply(dst, dst.replay_now())
 
-    def snapshot(self) -> dict:
-        """A copy of this rank's link and channel state (metrics, status, flight recorder)."""
-        now = time.monotonic()
-        frames_sent = frames_received = 0
-        for peer in self.peers.values():
-            for link in peer.links:
-                if link is not None:
-                    frames_sent += link.frames_sent
-                    frames_received += link.frames_received
-        return {"rank": self.rank, "world_size": self.world_size, "rails": self.nrails,
-                "ops_pending": len(self.ops), "hot_peers": len(self.hot),
-                "wakeups": self.io.wakeups, "frames_sent": frames_sent, "frames_received": frames_received,
-                "peers": {rank: peer.snapshot(now) for rank, peer in self.peers.items()}}
+    def _link_down(self, peer: PeerChannel, o: LinkDown) -> None:
+        rail = o.link.rail
+        self.down.add((peer.rank, rail))
+        if o.severed:
+            self._severed.append(o.link)
+        if len(self.degraded_watch) < WATCH_DEGRADED:
+            self.degraded_watch.add(peer)
+        # Frames of other pairs we were passing on to this peer went down with the link.
+        for src in self.relays.sources_for(peer.rank):
+            s = self.peers[src]
+            self._apply(s, s.tell(RELAY_RESET, peer.rank))
 
-    # ------------------------------------------------------------ services for peers
+    def _no_path(self, peer: PeerChannel) -> None:
+        # Peers we relay through this one lost their path too.
+        for dst in self.relays.relayed_through(peer.rank):
+            d = self.peers[dst]
+            self._apply(d, d.relay_lost(peer.rank, "via_lost"))
+        if peer.relay is not None:
+            self.relays.ended(peer.rank, peer.relay)
+        self._find_relay(peer)
+
+    def _find_relay(self, peer: PeerChannel) -> None:
+        if peer.lost is not None or self.closed or peer.relay is not None or peer.active:
+            self._relay_search.pop(peer, None)
+            return
+        self._relay_search[peer] = self.clock.now()
+        path = self.relays.choose(peer.rank)
+        if path is not None:
+            self._apply(peer, peer.use_relay(path))
+
+    def _forward(self, src: PeerChannel, dst_rank: int, frame: memoryview) -> None:
+        """(relay) Pass a frame of ``src`` on to ``dst_rank``."""
+        dst = self.peers.get(dst_rank)
+        link = self.relays.forward(src.rank, dst_rank, frame) if dst is not None else None
+        if link is None:
+            self._apply(src, src.tell(RELAY_UNREACH, dst_rank))
+        else:
+            self.env.relaying = self.relays.pairs()
+            self._apply(dst, dst.pump())
+        for rank in self.relays.take_unblocked():
+            p = self.peers[rank]
+            self._apply(p, p.resume())
+
+    def _unreachable(self, via: PeerChannel, dst_rank: int) -> None:
+        dst = self.peers.get(dst_rank)
+        self.relays.refused(dst_rank, via.rank)
+        if dst is not None and dst.relay is not None and dst.relay.via == via.rank:
+            self.relays.ended(dst_rank, dst.relay)
+            self._apply(dst, dst.relay_lost(via.rank, "unreachable", refused=True))
+
+    def _verdict(self, peer: PeerChannel, verdict) -> None:
+        if verdict is None:
+            return
+        if verdict is PROBE:
+            self._probe_wanted.add(peer.rank)
+            self.recovery_signal.set()
+        elif isinstance(verdict, Gone):
+            self._lost(peer, verdict.error, verdict.cause)
+        elif isinstance(verdict, Expired):
+            peer.lost = verdict.error
+            self.ops.fail_needing(peer, verdict.error)
+
+    def _lost(self, peer: PeerChannel, error: PeerLost, cause: str) -> None:
+        """``peer`` is gone. Tell the other ranks first (over surviving links,
+        and the store), then fail: they name it too, not us."""
+        peer.lost = error
+        self.emit("peer_lost", peer.rank, -1, cause, detail=str(error))
+        if self.fatal is None:
+            for other in self.peers.values():
+                if other is not peer and other.lost is None:
+                    self._apply(other, other.tell_all_links(PEER_LOST, peer.rank))
+            if self.beacon is not None:
+                self.beacon.report_failure(peer.rank, error)
+        # A collective cannot complete without one of its members: every
+        # operation fails now rather than waiting for its deadline.
+        self.set_fatal(error)
+
+    def root_cause(self, error: Optional[PeerLost]) -> None:
+        """Another rank found ``error.peer`` lost (a PEER_LOST frame, or the
+        store's failure record): fail with it as the root cause."""
+        if error is None or self.fatal is not None or self.closed:
+            return
+        peer = self.peers.get(error.peer)
+        if peer is not None and peer.lost is None:
+            peer.lost = error
+            self.emit("peer_lost", error.peer, -1, "socket_error", detail=str(error))
+        self.set_fatal(error)
+
+    def failure_record(self, record: dict) -> None:
+        """(beacon thread) An authentic failure record of another rank."""
+        self.call_soon(lambda: self.root_cause(self.liveness.recorded(record)))
+
+    # ------------------------------------------------------------ services
     def emit(self, event: str, peer: int, rail: int, cause: Optional[str], **extra) -> None:
         if self.events is not None:
             try:
@@ -222,25 +404,17 @@ class Engine:
         else:
             log.info("%s peer=%s rail=%s cause=%s %s", event, peer, rail, cause, extra)
 
-    def discard(self, n: int) -> memoryview:
-        """A buffer for payload bytes nobody needs (duplicates)."""
-        if len(self.scratch) < n:
-            self.scratch = memoryview(bytearray(n))
-        return self.scratch[:n]
-
     def protect_range(self, view: memoryview) -> None:
         """Before caller memory is overwritten, turn zero-copy frames that
         point into it into copies, so a replay sends the original bytes."""
-        from ..protocol.channel import address_range
-
         lo = None
         for peer in tuple(self.hot):  # a peer with zero-copy frames unacknowledged is hot
-            if peer.send.zc:
+            if peer.outbound.zc:
                 if lo is None:
                     if not len(view):
                         return
                     lo, hi = address_range(view)
-                peer.send.materialize(lo, hi)
+                peer.materialize(lo, hi)
 
     def set_fatal(self, exc: BaseException) -> None:
         if self.fatal is None:
@@ -248,7 +422,7 @@ class Engine:
             log.error("communicator failed: %s", exc)
         self.ops.fail_all(exc)
 
-    # ------------------------------------------------------------ operations
+    # ------------------------------------------------------------ operations (lock held)
     def start_locked(self, op: Op) -> None:
         if self.fatal is not None:
             raise self.fatal
@@ -268,63 +442,57 @@ class Engine:
                 raise peer.lost
             op.peers.add(m.peer)
         for m in op.sends:
-            peers[m.peer].tx.post(m)
+            peers[m.peer].post_send(m)
         for m in op.recvs:
             if m.peer == ANY_SOURCE:
                 self._post_any(m)
             else:
-                peers[m.peer].rx.post(m)
+                peers[m.peer].post_recv(m)
         self.ops.add(op)
         if op.collective:
-            self.coll_started = op.seq
-        hot = self.hot
+            self.matcher.coll_started = op.seq
         for p in op.peers:
-            hot.add(peers[p])
-            peers[p].resume_parked()
-        for p in op.peers:
-            peers[p].tx.pump()
-        self.ops.check(op, time.monotonic())
+            peer = peers[p]
+            peer.resume_wanted = True
+            self._apply(peer, peer.pump())
+        self.ops.check(op, self.clock.now())
 
     def _post_any(self, m) -> None:
         # a whole message that waits already (the earliest of any peer's) is taken at once
         for peer in self.peers.values():
-            if peer.rx.take_any(m):
+            if peer.receiver.take_any(m):
+                self._apply(peer, peer.pump())
                 return
-        self.any_recvs.setdefault(m.msg, collections.deque()).append(m)
+        self.matcher.any_recvs.setdefault(m.msg, collections.deque()).append(m)
 
-    def async_work(self) -> bool:
-        """(any thread, without the lock: the driver asks) Work for the
-        background thread. A copy of the hot set: it changes under the lock."""
-        return bool(self.ops) or any(p.tx.busy for p in tuple(self.hot))
-
-    # ------------------------------------------------------------ one round
+    # ------------------------------------------------------------ one round (lock held)
     def progress_once(self, timeout: float) -> None:
-        """One round: poll, read, write, timers. Caller holds the lock."""
+        """One round: poll, read, write, timers."""
         io = self.io
         events = io.poll(timeout)
-        if self.driver.pending_soon:
-            self.driver.run_soon()
+        if self._soon:
+            self._run_soon()
         links = io.links
-        hot = self.hot
+        peers = self.peers
         for fd, ev in events:
             link = links.get(fd)
             if link is None:
                 if io.is_wake(fd):
                     io.drain_wake()
-                elif fd in io.extra:
-                    io.extra[fd](ev)
+                else:
+                    handler = io.extra.get(fd)
+                    if handler is not None:
+                        handler(ev)
                 continue
-            peer = self.peers[link.peer]
-            hot.add(peer)
-            peer.on_event(link, ev)
-        now = time.monotonic()
+            peer = peers[link.peer]
+            self._apply(peer, peer.on_event(link, ev))
+        now = self.clock.now()
+        hot = self.hot
         if hot:
             for peer in list(hot):
-                tx = peer.tx
-                if tx.queue or tx.replay:
-                    tx.pump()
-                if tx.ack_urgent and peer.recv.ack_owed:
-                    tx.send_ack()
+                sender = peer.sender
+                if sender.queue or sender.replay or (sender.ack_urgent and peer.inbound.ack_owed):
+                    self._apply(peer, peer.pump())
         if self.ops:
             self.ops.check_all(now)
         if now >= self.next_timer:
@@ -341,23 +509,26 @@ class Engine:
         blind = now - self.next_timer > self.config.silent_timeout
         hot = self.hot
         soon = now + TICK_IDLE
+        watch = self.degraded_watch
         for peer in list(hot):
-            soon = peer.tick(now, blind, soon)
+            due, out = peer.tick(now, blind, soon, peer in watch)
+            soon = due
+            self._apply(peer, out)
             if peer.handling():
                 soon = min(soon, now + TICK)
             if peer.no_path_since is not None:
-                self.liveness.check(peer, now)
+                self._verdict(peer, self.liveness.check(peer, now))
+                if peer.relay is None and now - self._relay_search.get(peer, 0.0) >= RELAY_RETRY:
+                    self._find_relay(peer)
             else:
-                peer.failback(now)
-            if peer.recv.ack_owed:
-                peer.tx.send_ack()
+                self._apply(peer, peer.failback(now))
         if hot and now >= self._next_grey:
             self._next_grey = now + GREY_INTERVAL
             self._grey(now)
         due = self.probes.due(now)
         if due is not None:
             self._probe(due, now)
-        for peer in [p for p in hot if p.quiet(now)]:
+        for peer in [p for p in hot if p.quiet(now, p in watch)]:
             hot.discard(peer)
         self.next_timer = max(soon, now + 0.001) if hot else self.probes.next_at
 
@@ -370,9 +541,9 @@ class Engine:
         last, self._probed = self._probed, None
         if last is not None:
             peer, link = last
-            if peer.links[link.rail] is link and link.pending_since is not None and peer not in self.hot:
+            if link.open and link.pending_since is not None and peer not in self.hot:
                 try:
-                    silent = ack_silence(link.sock)
+                    silent = self.env.ack_silence(link.sock)
                 except OSError:
                     silent = 0.0
                 if silent is None:
@@ -380,8 +551,10 @@ class Engine:
                 else:
                     self.hot.add(peer)
         peer = self.peers[due[0]]
-        if peer not in self.hot and peer.probe(due[1], now):
-            self._probed = (peer, peer.links[due[1]])
+        if peer not in self.hot:
+            link = peer.probe(due[1], now)
+            if link is not None:
+                self._probed = (peer, link)
 
     def _grey(self, now: float) -> None:
         """Grey failure, per rail: every busy link's goodput window, judged
@@ -391,7 +564,7 @@ class Engine:
         judged = []
         for peer in tuple(self.hot):  # a link that carried bytes belongs to a hot peer
             for link in peer.links:
-                if link is None or link.status.state is not State.UP or link.grey is None:
+                if link is None or peer.status[link.rail].state is not State.UP or link.grey is None:
                     continue
                 try:
                     sample = tcp_sample(link.sock, now)
@@ -399,7 +572,7 @@ class Engine:
                     continue
                 w = link.grey.measure(sample)
                 if peer.avoid >> link.rail & 1:
-                    peer.hold_sample(link, now, sample.retrans_segs)
+                    self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs))
                 elif w is not None:
                     windows.setdefault(link.rail, []).append(w)
                     judged.append((peer, link, w))
@@ -408,69 +581,100 @@ class Engine:
         for peer, link, w in judged:
             if (peer.links[link.rail] is link and link.grey.judge(w, now)
                     and peer.other_clean_rail(link.rail)):
-                peer.degraded(link)
+                self._apply(peer, peer.degraded(link))
 
-    # ------------------------------------------------------------ closing
-    def close(self, graceful: bool = True, drain: float = 10.0) -> None:
+    # ------------------------------------------------------------ operators' view (lock held)
+    def rail_totals(self) -> List[tuple]:
+        """(sent, received) bytes per rail, over every link ever opened on it."""
+        sent, received = [0] * self.nrails, [0] * self.nrails
+        for peer in self.peers.values():
+            for rail in range(self.nrails):
+                s, r = peer.rail_bytes(rail)
+                sent[rail] += s
+                received[rail] += r
+        return list(zip(sent, received))
+
+    def snapshot(self) -> dict:
+        """A copy of this rank's link and channel state (metrics, status, flight recorder)."""
+        now = self.clock.now()
+        frames_sent = frames_received = 0
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is not None:
+                    frames_sent += link.frames_sent
+                    frames_received += link.frames_received
+        relay_bytes = {f"{dst}:{via}": n for (dst, via), n in self.relays.sent_total.items()}
+        for peer in self.peers.values():
+            if peer.relay is not None:
+                key = f"{peer.rank}:{peer.relay.via}"
+                relay_bytes[key] = relay_bytes.get(key, 0) + peer.relay.bytes
+        return {"rank": self.rank, "world_size": self.world_size, "rails": self.nrails,
+                "ops_pending": len(self.ops), "hot_peers": len(self.hot),
+                "wakeups": self.io.wakeups, "frames_sent": frames_sent, "frames_received": frames_received,
+                "relayed_pairs": self.relays.pairs(), "relay_bytes": relay_bytes,
+                "peers": {rank: peer.snapshot(now) for rank, peer in self.peers.items()}}
+
+    # ------------------------------------------------------------ closing (lock held)
+    def close_locked(self, graceful: bool = True, drain: float = 10.0) -> None:
         """Graceful: deliver everything still unacknowledged, say BYE on every
         link, half-close and wait for the peer's EOF, so no RST can destroy
         bytes the peer has not read yet."""
-        self._acquire()
-        try:
-            if self.closed:
-                return
-            if graceful and self.fatal is None:
-                self._drain(time.monotonic() + drain)
-                self._goodbye(time.monotonic() + 2.0)
-            self.closed = True
-            for peer in self.peers.values():
-                for link in peer.links:
-                    if link is not None:
-                        peer.drop(link)
-            for link in self.severed:
-                link.close()
-            self.ops.fail_all(CommClosed("communicator closed while the operation was running"))
-        finally:
-            self.lock.release()
-        self.driver.stop()
+        if self.closed:
+            return
+        if graceful and self.fatal is None:
+            self._drain(self.clock.now() + drain)
+            self._goodbye(self.clock.now() + 2.0)
+        self.closed = True
+        for peer in self.peers.values():
+            for link in peer.links:
+                if link is not None:
+                    peer.close_link(link)
+        self.ops.fail_all(CommClosed("communicator closed while the operation was running"))
+
+    def close_io(self) -> None:
+        if self.beacon is not None:
+            self.beacon.close()
         self.io.close()
+        self.recovery_signal.close()
 
     def _drain(self, deadline: float) -> None:
         def pending() -> bool:
-            return any((p.tx.queue or p.send.unacked) and p.lost is None and p.active for p in self.peers.values())
+            return any((p.sender.queue or p.outbound.unacked) and p.lost is None and (p.active or p.relay)
+                       for p in self.peers.values())
         for peer in self.peers.values():
-            peer.tx.ack_urgent = True
-        while pending() and time.monotonic() < deadline:
+            peer.sender.ack_urgent = True
+        while pending() and self.clock.now() < deadline:
             self.progress_once(0.01)
 
     def _goodbye(self, deadline: float) -> None:
-        import socket as _socket
-
         links = []
         for peer in self.peers.values():
             for link in peer.links:
                 if link is not None:
-                    link.queue_control(Kind.BYE, peer.recv.cumulative_ack, arg=peer.send.last_seq,
-                                       rails=self.rails_word)
+                    link.queue_control(BYE, peer.inbound.cumulative_ack, arg=peer.outbound.last_seq,
+                                       rails=self.rail_word.word)
                     links.append(link)
         for link in links:
             try:
                 while not link.flush():
-                    if time.monotonic() > deadline:
+                    if self.clock.now() > deadline:
                         break
                     select.select([], [link.fd], [], 0.01)
-                link.sock.shutdown(_socket.SHUT_WR)
+                link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
         # Read (and drop) until the peer's EOF, so closing sends a FIN, not a RST.
         for link in links:
             try:
                 link.sock.setblocking(False)
-                while time.monotonic() < deadline:
-                    r, _, _ = select.select([link.fd], [], [], max(0.0, deadline - time.monotonic()))
+                while self.clock.now() < deadline:
+                    r, _, _ = select.select([link.fd], [], [], max(0.0, deadline - self.clock.now()))
                     if not r:
                         break
                     if not link.sock.recv(1 << 16):
                         break
             except OSError:
                 pass
+
+
+__all__ = ["Engine", "TICK", "TICK_IDLE", "WATCH_DEGRADED"]

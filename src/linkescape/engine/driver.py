@@ -1,25 +1,26 @@
 """Who drives progress. A caller that waits for an operation drives the engine
 itself (lowest latency); when nobody waits, a background thread does (async
 operations, heartbeats, acks, failure detection). Other threads never block
-on the engine lock for long: they hand work over (``call_soon``) or are let in
-between two rounds of the driver.
+on the engine lock for long: they hand work over (``Engine.call_soon``) or are
+let in between two rounds of the driver.
+
+The driver holds the lock every state change of the engine happens under;
+nothing else takes it (``locked()`` lets another thread in for a moment).
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, TypeVar
 
-from ..errors import LinkEscapeError
 from .messages import Op
 
-if TYPE_CHECKING:
-    from .core import Engine
-
 log = logging.getLogger("linkescape.engine")
+
+T = TypeVar("T")
 
 
 class Driver:
@@ -30,8 +31,6 @@ class Driver:
         self._drivers = 0
         self._cv = threading.Condition(threading.Lock())
         self._waiters = 0
-        #: work other threads hand to whoever drives progress
-        self._soon: "collections.deque" = collections.deque()
         self._thread: Optional[threading.Thread] = None
         #: seconds to busy-poll before blocking (0: never)
         self.spin = 0.0
@@ -48,24 +47,19 @@ class Driver:
                 with self._cv:
                     self._waiters -= 1
 
-    def call_soon(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` under the lock in the next progress round, from any
-        thread, without waiting for the lock (the driver may hold it for long)."""
-        self._soon.append(fn)
-        self.engine.io.wake()
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the engine lock (a driving thread lets us in between two rounds)."""
+        self.acquire()
+        try:
+            yield self.engine
+        finally:
+            self.lock.release()
 
-    def run_soon(self) -> None:
-        soon = self._soon
-        while soon:
-            fn = soon.popleft()
-            try:
-                fn()
-            except LinkEscapeError as exc:
-                self.engine.set_fatal(exc)
-
-    @property
-    def pending_soon(self) -> bool:
-        return bool(self._soon)
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` under the engine lock."""
+        with self.locked():
+            return fn()
 
     # ------------------------------------------------------------ operations
     def start(self, op: Op) -> None:
@@ -106,7 +100,7 @@ class Driver:
         try:
             self.acquire()
             try:
-                return self._drive_locked(op, None if timeout is None else time.monotonic() + timeout)
+                return self._drive_locked(op, None if timeout is None else self.engine.clock.now() + timeout)
             finally:
                 self.lock.release()
         finally:
@@ -121,7 +115,7 @@ class Driver:
                 self.lock.release()
                 time.sleep(0.0002)
                 self.lock.acquire()
-            now = time.monotonic()
+            now = self.engine.clock.now()
             left = 0.05 if end is None else min(0.05, end - now)
             if left <= 0:
                 return False
@@ -134,7 +128,7 @@ class Driver:
                 # blocking poll costs more than that. Only when this rank has
                 # a core to itself (see Communicator).
                 spin_end = now + self.spin
-                while not op.done and time.monotonic() < spin_end:
+                while not op.done and self.engine.clock.now() < spin_end:
                     eng.progress_once(0.0)
                 if op.done:
                     break
@@ -144,9 +138,10 @@ class Driver:
     def _driver_done(self) -> None:
         with self._cv:
             self._drivers -= 1
-            if not self._drivers and self.engine.async_work():
+            handover = not self._drivers and self.engine.async_work()
+            if handover:
                 self._cv.notify_all()  # hand async work back to the progress thread
-        if not self._drivers and self.engine.async_work():
+        if handover:
             self.engine.io.wake()
 
     # ------------------------------------------------------------ background
@@ -169,7 +164,7 @@ class Driver:
                         self._cv.wait(0.1)
                 continue
             if not eng.async_work():
-                for fd, _ in eng.io.idle_poll(max(0.0, eng.next_timer - time.monotonic())):
+                for fd, _ in eng.io.idle_poll(max(0.0, eng.next_timer - self.engine.clock.now())):
                     if eng.io.is_wake(fd):
                         eng.io.drain_wake()
                 if self._drivers or eng.closed:
@@ -188,17 +183,21 @@ class Driver:
                 continue
             try:
                 if not eng.closed and not self._drivers:
-                    eng.progress_once(min(0.01, max(0.0, eng.next_timer - time.monotonic())))
+                    eng.progress_once(min(0.01, max(0.0, eng.next_timer - self.engine.clock.now())))
             except Exception as exc:  # noqa: BLE001 - never die silently: fail the ops instead
                 log.exception("progress failed")
                 eng.set_fatal(exc)
             finally:
                 self.lock.release()
 
-    def stop(self) -> None:
-        """After the engine closed: wake and join the background thread."""
-        self.engine.io.wake()
+    def close(self, graceful: bool = True, drain: float = 10.0) -> None:
+        """Close the engine (see ``Engine.close_locked``), then stop the
+        background thread and the engine's descriptors."""
+        with self.locked() as engine:
+            engine.close_locked(graceful, drain)
+        engine.io.wake()
         with self._cv:
             self._cv.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        engine.close_io()

@@ -25,6 +25,37 @@ def _unregister(poller, fd: int) -> None:
         pass
 
 
+class Signal:
+    """A wake-up another thread can wait on with poll (a pipe)."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+
+    def fileno(self) -> int:
+        return self._r
+
+    def set(self) -> None:
+        try:
+            os.write(self._w, b"x")
+        except OSError:
+            pass
+
+    def clear(self) -> None:
+        try:
+            os.read(self._r, 4096)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class IoSet:
     def __init__(self) -> None:
         self.poller = select.poll()
@@ -65,7 +96,7 @@ class IoSet:
         self.idle_poller.register(fd, POLLIN)
 
     def remove_fd(self, fd: int) -> None:
-        self.extra.pop(fd, None)
+        self.extra.pop(fd, None)  # (a poll running in another thread may still report it: looked up with get)
         _unregister(self.poller, fd)
         _unregister(self.idle_poller, fd)
 

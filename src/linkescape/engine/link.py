@@ -1,7 +1,12 @@
 """One live TCP link to a peer on one rail: non-blocking framed I/O.
 
-The link knows bytes and frames, not messages: the engine tells it where a
+The link knows bytes and frames, not messages: its peer tells it where a
 payload goes (``sink``) and what to do when it is whole.
+
+Reads are buffered: one ``recv`` takes whatever the socket holds (up to
+``READ_BUFFER`` bytes), and frames are cut from it, so a burst of small
+frames costs one system call. A payload's remainder beyond the buffered
+bytes is read straight into its destination when it is large (zero copy).
 """
 
 from __future__ import annotations
@@ -9,29 +14,37 @@ from __future__ import annotations
 import collections
 import errno
 import socket
-from typing import Deque, Optional
+from typing import Callable, Deque, Optional
 
-from ..protocol.frames import DEFAULT_MAX_PAYLOAD, HEADER_SIZE, Header, Kind, pack_header, unpack_header
-from ..protocol.linkstate import LinkStatus
-
-_WOULD_BLOCK = (BlockingIOError, InterruptedError)
+from ..protocol.frames import (ACK, DEFAULT_MAX_PAYLOAD, HEADER_SIZE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT,
+                               NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH, Header, pack_header,
+                               unpack_header)
 
 #: control frames that overtake queued data frames (see ``Link.queue_control``)
-URGENT = frozenset((Kind.ACK, Kind.HEARTBEAT, Kind.NOTIFY_DOWN, Kind.NOTIFY_UP, Kind.NOTIFY_SILENT,
-                    Kind.PEER_LOST))
+URGENT = frozenset((ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, NOTIFY_SILENT, PEER_LOST, RELAY_UNREACH,
+                    RELAY_RESET))
+#: bytes one ``recv`` may take into the read buffer, at most (it starts at
+#: FIRST_READ_BUFFER: a link that carries little holds little)
+READ_BUFFER = 256 << 10
+FIRST_READ_BUFFER = 4 << 10
+#: the rest of a payload at least this long is read into its destination directly
+DIRECT_READ = 64 << 10
 
 
 class WireItem:
-    """A frame queued on a link. DATA frames point at their OutFrame so that a
-    payload turned into a copy (materialized) is read from the copy."""
+    """A frame queued on a link: its header bytes (two headers for a relayed
+    frame) and, for a frame with a payload, what holds the payload (an
+    OutFrame, whose payload may become a copy while queued: it is read at
+    write time). ``on_sent`` runs once the whole item is written."""
 
-    __slots__ = ("header", "frame", "pos", "total")
+    __slots__ = ("header", "frame", "pos", "total", "on_sent")
 
-    def __init__(self, header: bytes, frame=None) -> None:
+    def __init__(self, header: bytes, frame=None, on_sent: Optional[Callable[[], None]] = None) -> None:
         self.header = header
         self.frame = frame
         self.pos = 0
-        self.total = HEADER_SIZE + (frame.length if frame is not None else 0)
+        self.total = len(header) + (frame.length if frame is not None else 0)
+        self.on_sent = on_sent
 
 
 class LinkClosed(Exception):
@@ -39,23 +52,25 @@ class LinkClosed(Exception):
 
 
 class Link:
-    __slots__ = ("sock", "fd", "peer", "rail", "epoch", "status", "out", "out_bytes",
-                 "hdr_buf", "hdr_view", "hdr_got", "hdr", "sink", "sink_got", "parked",
-                 "staging", "last_sent", "bytes_sent", "bytes_received", "binding", "pending_since", "silent_at", "grey",
-                 "parked_at", "frames_sent", "frames_received")
+    __slots__ = ("sock", "fd", "peer", "rail", "epoch", "out", "out_bytes", "rbuf", "rview", "rpos", "rend",
+                 "hdr", "sink", "sink_got", "parked", "staging", "last_sent", "bytes_sent", "bytes_received",
+                 "binding", "pending_since", "silent_at", "grey", "parked_at", "frames_sent",
+                 "frames_received", "open")
 
-    def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, status: LinkStatus, now: float):
+    def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float):
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
         self.rail = rail
         self.epoch = epoch
-        self.status = status
+        #: False once the link left service (its peer dropped it)
+        self.open = True
         self.out: Deque[WireItem] = collections.deque()
         self.out_bytes = 0
-        self.hdr_buf = bytearray(HEADER_SIZE)
-        self.hdr_view = memoryview(self.hdr_buf)
-        self.hdr_got = 0
+        self.rbuf: Optional[bytearray] = None
+        self.rview: Optional[memoryview] = None
+        self.rpos = 0
+        self.rend = 0
         self.hdr: Optional[Header] = None
         self.sink: Optional[memoryview] = None
         self.sink_got = 0
@@ -72,8 +87,8 @@ class Link:
         #: frames queued on this link and frames whose header was read (the idle-cost tests count them)
         self.frames_sent = 0
         self.frames_received = 0
-        self.binding = None  # what the current payload is for (set by the engine)
-        self.grey = None  # its goodput watch (set by the engine)
+        self.binding = None  # what the current payload is for (set by the receiver)
+        self.grey = None  # its goodput watch (set by its peer)
 
     # ------------------------------------------------------------------ send
     def queue(self, item: WireItem) -> None:
@@ -81,8 +96,9 @@ class Link:
         self.out_bytes += item.total
         self.frames_sent += 1
 
-    def queue_control(self, kind: int, ack: int, arg: int = 0, rails: int = 0) -> None:
-        """A control frame. Acknowledgements, notifications and heartbeats go
+    def queue_control(self, kind: int, ack: int, arg: int = 0, rails: int = 0, prefix: bytes = b"") -> None:
+        """A control frame (after ``prefix``: the relay header of a frame of
+        another pair). Acknowledgements, notifications and heartbeats go
         ahead of the data frames queued here (behind the frame being written
         and the control frames already ahead), so that they never wait for
         megabytes of replay or bulk data: the peer switches rails, releases
@@ -90,7 +106,7 @@ class Link:
         state (cumulative acks, rails words with a generation), which the
         receiver takes newest-first, so overtaking data is safe. ``BYE`` keeps
         its place: it must follow every data frame."""
-        item = WireItem(pack_header(kind, 0, ack, arg=arg, rails=rails))
+        item = WireItem(prefix + pack_header(kind, 0, ack, arg=arg, rails=rails))
         out = self.out
         if kind in URGENT and out:
             i = 1 if out[0].pos else 0
@@ -111,23 +127,25 @@ class Link:
         while out:
             item = out[0]
             pos = item.pos
-            if pos < HEADER_SIZE:
+            hlen = len(item.header)
+            if pos < hlen:
                 bufs = [memoryview(item.header)[pos:]]
                 if item.frame is not None:
                     bufs.append(item.frame.payload)
             else:
-                bufs = [item.frame.payload[pos - HEADER_SIZE:]]
+                bufs = [item.frame.payload[pos - hlen:]]
             # Gather small following items into the same system call.
             if item.total - pos < 65536 and len(out) > 1:
-                for nxt in list(out)[1:16]:
+                for i in range(1, min(len(out), 16)):
+                    nxt = out[i]
                     if nxt.pos:
                         break
-                    bufs.append(memoryview(nxt.header))
+                    bufs.append(nxt.header)
                     if nxt.frame is not None:
                         bufs.append(nxt.frame.payload)
             try:
                 n = sock.sendmsg(bufs)
-            except _WOULD_BLOCK:
+            except (BlockingIOError, InterruptedError):
                 return False
             self.bytes_sent += n
             self.out_bytes -= n
@@ -137,39 +155,109 @@ class Link:
                 if n >= left:
                     n -= left
                     out.popleft()
+                    if item.on_sent is not None:
+                        item.on_sent()
                 else:
                     item.pos += n
                     n = 0
         return True
 
-    # ------------------------------------------------------------------ recv
-    def read_header(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Optional[Header]:
-        """Read toward the next header; returns it when whole (checked:
-        ProtocolError for nonsense, a payload beyond ``max_payload`` too)."""
-        got = self.hdr_got
-        n = self.sock.recv_into(self.hdr_view[got:], HEADER_SIZE - got)
-        if n == 0:
-            raise LinkClosed()
-        self.bytes_received += n
-        got += n
-        self.hdr_got = got
-        if got < HEADER_SIZE:
-            return None
-        self.hdr_got = 0
-        self.frames_received += 1
-        return unpack_header(self.hdr_buf, max_payload)
+    def discard_queue(self) -> None:
+        """The link left service: what was queued will never be written."""
+        out = self.out
+        while out:
+            item = out.popleft()
+            if item.on_sent is not None:
+                item.on_sent()
+        self.out_bytes = 0
 
-    def read_payload(self) -> bool:
-        """Read toward the end of the current payload; True when whole."""
+    # ------------------------------------------------------------------ recv
+    def fill(self) -> bool:
+        """One ``recv`` into the read buffer (what is kept of a frame moved
+        to its start). True when the socket gave less than asked (drained
+        for now). Raises LinkClosed on EOF, BlockingIOError when nothing was
+        there. The buffer starts small (an idle link holds little) and grows
+        while reads fill it."""
+        rbuf = self.rbuf
+        if rbuf is None:
+            rbuf = self.rbuf = bytearray(FIRST_READ_BUFFER)
+            self.rview = memoryview(rbuf)
+        pos, end = self.rpos, self.rend
+        if pos:
+            if pos < end:
+                rbuf[:end - pos] = bytes(self.rview[pos:end])  # (the ranges may overlap)
+            end -= pos
+            self.rpos = 0
+            self.rend = end  # (the recv below may raise: the buffer must be consistent)
+        size = len(rbuf)
+        space = size - end
+        if space < HEADER_SIZE:  # (a frame's rest longer than the buffer is being cut: grow)
+            rbuf = self._grow(end, size * 2)
+            size *= 2
+            space = size - end
+        n = self.sock.recv_into(self.rview[end:], space)
+        if n == 0:
+            self.rend = end
+            raise LinkClosed()
+        self.rend = end + n
+        self.bytes_received += n
+        if n < space:
+            return True
+        if size < READ_BUFFER:  # the socket held more than fits: read more at once from now on
+            self._grow(end + n, min(size * 4, READ_BUFFER))
+        return False
+
+    def _grow(self, keep: int, size: int) -> bytearray:
+        grown = bytearray(size)
+        grown[:keep] = self.rview[:keep]
+        self.rbuf = grown
+        self.rview = memoryview(grown)
+        return grown
+
+    @property
+    def buffered(self) -> int:
+        return self.rend - self.rpos
+
+    def take_header(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Optional[Header]:
+        """The next header from the read buffer (checked: ProtocolError for
+        nonsense), or None when fewer than a header's bytes are buffered."""
+        pos = self.rpos
+        if self.rend - pos < HEADER_SIZE:
+            return None
+        hdr = unpack_header(self.rbuf, max_payload, pos)
+        self.rpos = pos + HEADER_SIZE
+        self.frames_received += 1
+        return hdr
+
+    def take_payload(self) -> Optional[bool]:
+        """Move the current payload toward ``sink``: buffered bytes first,
+        then, for a large rest, straight from the socket. True when whole;
+        False when more must come from the socket (the caller fills); None
+        when a direct read drained the socket."""
         sink = self.sink
         got = self.sink_got
-        n = self.sock.recv_into(sink[got:])
+        need = len(sink) - got
+        have = self.rend - self.rpos
+        if have:
+            n = need if have >= need else have
+            pos = self.rpos
+            sink[got:got + n] = self.rview[pos:pos + n]
+            self.rpos = pos + n
+            got += n
+            self.sink_got = got
+            if n == need:
+                return True
+            need -= n
+        if need < DIRECT_READ:
+            return False
+        n = self.sock.recv_into(sink[got:], need)
         if n == 0:
             raise LinkClosed()
         self.bytes_received += n
-        got += n
-        self.sink_got = got
-        return got == len(sink)
+        self.sink_got = got + n
+        if n == need:
+            return True
+        return None
 
     def staging_view(self, nbytes: int) -> memoryview:
         if self.staging is None or len(self.staging) < nbytes:
@@ -183,6 +271,7 @@ class Link:
         self.binding = None
 
     def close(self) -> None:
+        self.open = False
         try:
             self.sock.close()
         except OSError:

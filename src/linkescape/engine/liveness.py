@@ -7,7 +7,7 @@ Evidence that the process (or its host) is gone, and nothing else:
   with RST (the dialing side learns it by re-dialing; the accepting side, after
   every link ended with FIN/RST, by probing the peer's listeners);
 - its liveness record in the store stopped changing while the store answers
-  us (``Beacon``): a host that is off, or a process that hangs in the kernel.
+  us (``Beacon``): a host that is off, or a process that hangs in the kernel;
 - it said so: BYE (closed), or another rank recorded it as the root cause of
   its failure (``PEER_LOST`` frames, the store's failure record).
 
@@ -15,118 +15,123 @@ Silence on every rail, with or without FIN/RST, is not evidence: a host whose
 rails are all cut, blackholed or partitioned looks exactly like that. When
 the store cannot answer either, the peer is waited for until the no-path
 deadline, then ``LinkFailure``.
+
+``Liveness`` only judges: it returns a verdict, and the engine acts on it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Optional
 
 from ..errors import LinkFailure, PeerLost
-from ..protocol.frames import Kind
 
-if TYPE_CHECKING:
-    from .core import Engine
-    from .peer import PeerChannel
+
+class Verdict:
+    __slots__ = ()
+
+
+class Gone(Verdict):
+    """The peer is gone: fail everything with ``error`` and tell the others."""
+
+    __slots__ = ("error", "cause")
+
+    def __init__(self, error: PeerLost, cause: str) -> None:
+        self.error = error
+        self.cause = cause
+
+
+class Expired(Verdict):
+    """No path for longer than the deadline: fail what needs the peer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: LinkFailure) -> None:
+        self.error = error
+
+
+class ProbeListeners(Verdict):
+    """Every link ended with FIN/RST and we accept its links: find out
+    whether the peer's listeners still exist."""
+
+    __slots__ = ()
+
+
+PROBE = ProbeListeners()
 
 
 class Liveness:
-    def __init__(self, host: "Engine") -> None:
-        self.host = host
-        #: the store's view of peers (set by Communicator; None: no store)
-        self.beacon = None
-        #: asks Recovery to probe a peer's listeners (every link ended with FIN/RST)
-        self.on_probe = None
+    def __init__(self, rank: int, nrails: int, config, clock, beacon=None) -> None:
+        self.rank = rank
+        self.nrails = nrails
+        self.config = config
+        self.clock = clock
+        #: the store's view of peers (None: no store)
+        self.beacon = beacon
+        #: peer -> rails on which a dial or a probe was refused (nobody listening)
+        self.refused: dict = {}
 
-    def check(self, peer: "PeerChannel", now: float) -> None:
-        """Called on every timer tick for a peer with no path."""
-        cfg = self.host.config
-        if peer.lost is not None:
-            return
+    def check(self, peer: "PeerChannel", now: float) -> Optional[Verdict]:
+        """On every timer round for a peer with no path."""
+        cfg = self.config
+        if peer.lost is not None or peer.no_path_since is None:
+            return None
         beacon = self.beacon
+        waited = now - peer.no_path_since
         if beacon is not None:
             beacon.watch(peer.rank)
             alive = beacon.verdict(peer.rank, cfg.peer_lost_timeout, now)
-            waited = now - peer.no_path_since
             if alive is False and waited > cfg.peer_lost_timeout:
-                self.lost(peer, f"rank {peer.rank} has no path on any rail and stopped refreshing its liveness "
-                                f"record in the store for {cfg.peer_lost_timeout:g}s: its process or host is gone",
-                          "timeout")
-                return
-        if peer.eof_since is not None and self.on_probe is not None and self.host.rank < peer.rank:
-            self.on_probe(peer.rank)
-        if now - peer.no_path_since > cfg.no_path_timeout:
-            self._no_path_expired(peer, now)
+                return Gone(PeerLost(f"rank {peer.rank} has no path on any rail and stopped refreshing its liveness "
+                                     f"record in the store for {cfg.peer_lost_timeout:g}s: its process or host is "
+                                     f"gone", peer=peer.rank), "timeout")
+        if waited > cfg.no_path_timeout:
+            since = self.clock.wall() - waited
+            return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
+                                       f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
+                                       rails=list(range(self.nrails)), since=since))
+        if peer.eof_since is not None and self.rank < peer.rank:
+            return PROBE
+        return None
+
+    def link_up(self, peer: "PeerChannel", rail: int) -> None:
+        """A link to ``peer`` on ``rail`` is up again: someone listens there."""
+        rails = self.refused.get(peer.rank)
+        if rails:
+            rails.discard(rail)
 
     def path_back(self, peer: "PeerChannel") -> None:
         if self.beacon is not None:
             self.beacon.unwatch(peer.rank)
 
-    def probe_failed(self, peer: "PeerChannel", rail: int, refused: bool) -> None:
+    def listener_probed(self, peer: "PeerChannel", rail: int, refused: bool) -> Optional[Verdict]:
+        """A dial or a probe of ``peer``'s listener on ``rail`` was refused
+        (nobody listens) or not (it answered, or nothing did)."""
+        rails = self.refused.setdefault(peer.rank, set())
         if refused:
-            peer.refused.add(rail)
+            rails.add(rail)
         else:
-            peer.refused.discard(rail)
+            rails.discard(rail)
         # Nobody listens on any rail while our NICs are fine: the process is gone.
-        if (peer.no_path_since is not None and peer.lost is None
-                and len(peer.refused) == self.host.nrails):
-            self.lost(peer, f"rank {peer.rank} closed every link and refuses connections on every rail")
+        if peer.no_path_since is not None and peer.lost is None and len(rails) == self.nrails:
+            return Gone(PeerLost(f"rank {peer.rank} closed every link and refuses connections on every rail",
+                                 peer=peer.rank), "socket_error")
+        return None
 
-    def lost(self, peer: "PeerChannel", why: str, cause: str = "socket_error") -> None:
-        """``peer`` is gone. Tell the other ranks first (over surviving links,
-        and the store), then fail: they name it too, not us."""
-        host = self.host
-        peer.lost = PeerLost(why, peer=peer.rank)
-        host.emit("peer_lost", peer.rank, -1, cause, detail=why)
-        self._tell_others(peer.rank, peer.lost)
-        # A collective cannot complete without one of its members: every
-        # operation fails now rather than waiting for its deadline.
-        host.set_fatal(peer.lost)
-
-    def _tell_others(self, lost_rank: int, error: BaseException) -> None:
-        host = self.host
-        if host.fatal is not None:
-            return  # we failed already: the root cause was told then
-        for other in host.peers.values():
-            if other.rank == lost_rank or other.lost is not None:
-                continue
-            for link in other.live_links():
-                other.tx.control(link, Kind.PEER_LOST, arg=lost_rank)
-        if self.beacon is not None:
-            self.beacon.report_failure(lost_rank, error)
-
-    def reported(self, by: int, lost_rank: int) -> None:
+    @staticmethod
+    def reported(by: int, lost_rank: int) -> PeerLost:
         """Rank ``by`` told us (a PEER_LOST frame) that ``lost_rank`` is gone."""
-        self._fail_with_root_cause(lost_rank, f"rank {lost_rank} is lost (reported by rank {by})")
+        return PeerLost(f"rank {lost_rank} is lost (reported by rank {by})", peer=lost_rank)
 
-    def root_cause(self, record: dict) -> None:
-        """The store's failure record (read by the Beacon)."""
+    @staticmethod
+    def recorded(record: dict) -> Optional[PeerLost]:
+        """The store's failure record (read by the Beacon, checked by it)."""
         try:
             lost_rank = int(record["peer"])
         except (KeyError, TypeError, ValueError):
-            return
-        self._fail_with_root_cause(lost_rank, f"rank {lost_rank} is lost (recorded by rank {record.get('by')}: "
-                                              f"{record.get('why', '')})")
-
-    def _fail_with_root_cause(self, lost_rank: int, why: str) -> None:
-        host = self.host
-        if host.fatal is not None or host.closed:
-            return
-        err = PeerLost(why, peer=lost_rank)
-        peer = host.peers.get(lost_rank)
-        if peer is not None and peer.lost is None:
-            peer.lost = err
-            host.emit("peer_lost", lost_rank, -1, "socket_error", detail=why)
-        host.set_fatal(err)
-
-    def _no_path_expired(self, peer: "PeerChannel", now: float) -> None:
-        nrails = self.host.nrails
-        since = time.time() - (now - peer.no_path_since)
-        err = LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(nrails))} since "
-                          f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
-                          rails=list(range(nrails)), since=since)
-        peer.lost = err
-        self.host.ops.fail_needing(peer, err)
+            return None
+        return PeerLost(f"rank {lost_rank} is lost (recorded by rank {record.get('by')}: {record.get('why', '')})",
+                        peer=lost_rank)
 
 
-__all__ = ["Liveness"]
+__all__ = ["Liveness", "Verdict", "Gone", "Expired", "ProbeListeners", "PROBE"]

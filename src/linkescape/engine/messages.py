@@ -54,6 +54,12 @@ class Op:
     def protect(self, view: memoryview) -> None:
         self.views.append(view)
 
+    def release(self) -> None:
+        """Done: let go of the messages, the caller's memory and the
+        callbacks (they point back at the op: a cycle that would keep the
+        caller's buffers alive until Python's cycle collector ran)."""
+        self.sends = self.recvs = self.callbacks = self.views = ()
+
     def ranges(self) -> List[tuple]:
         return [address_range(v) for v in self.views if len(v)]
 

@@ -1,9 +1,16 @@
 """One connected peer, as Gloo's Pair: it owns its links (one per rail), the
-reliable channel of both directions, and its data path (``tx``: a Sender,
-``rx``: a Receiver). The engine drives it; algorithms never see it.
+reliable channel of both directions, its route (its rails, or a relay
+through a third rank when no rail is left), and its data path (``sender``:
+a Sender, ``receiver``: a Receiver).
+
+A peer never reaches into the engine. What it needs is given to it when it
+is built (``PeerEnv``: config, clock, policy, descriptors, the rank's rail
+word and rail rates, the matcher of any-source receives and collective
+starts); what the rest of the rank must do it reports as outcomes
+(``outcomes.py``), returned by every call the engine makes into it.
 
 Links of a peer are interchangeable: DATA frames are numbered per peer, so
-when a link goes down everything unacknowledged is replayed on another one
+when a link goes down everything unacknowledged is replayed on another path
 (``link_down`` -> ``reroute``), and the receiver applies each frame once.
 """
 
@@ -11,34 +18,38 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from ..errors import LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
-from ..protocol.frames import Header, Kind
+from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_UP, PEER_LOST, RELAY_RESET,
+                               RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
 from ..protocol.grey import GreyDetector, Hold
-from ..protocol.linkstate import Ev, LinkStatus, State
+from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
 from ..protocol.railstate import PeerRails
 from ..transport.tcp import ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
+from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack,
+                       Redial, RelayReset, Unreachable)
 from .receiver import Receiver, Unexpected
 from .sender import Sender
-
-if TYPE_CHECKING:
-    from .core import Engine
 
 log = logging.getLogger("linkescape.engine")
 
 CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT,
                                  Ev.PROTOCOL_ERROR, Ev.DEGRADED)}
 
-__all__ = ["PeerChannel", "Unexpected", "CAUSE"]
+__all__ = ["PeerChannel", "PeerEnv", "Matcher", "Unexpected", "CAUSE", "failure_event"]
 
 #: a peer whose links carry nonsense this many times within the window fails the communicator
 PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
+#: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
+RELAY_SILENT = 1.0
+#: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
+AVOID_MASK = 0xFF
+LOAD_SHIFT = 8
 
 
 def failure_event(exc: BaseException) -> Ev:
@@ -48,44 +59,117 @@ def failure_event(exc: BaseException) -> Ev:
     return Ev.TIMEOUT if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT else Ev.SOCKET_ERROR
 
 
-class PeerChannel:
-    def __init__(self, host: "Engine", rank: int, nrails: int) -> None:
-        self.host = host
+class Matcher:
+    """What receives of all peers share: any-source receives not matched yet
+    (by tag, in posting order), and the last collective started here."""
+
+    def __init__(self) -> None:
+        self.any_recvs: dict = {}
+        self.coll_started = 0
+
+
+class PeerEnv:
+    """What every peer of one rank is given when it is built."""
+
+    def __init__(self, rank: int, nrails: int, config, clock, io, policy: PathPolicy, rail_word, rail_rates,
+                 matcher: Matcher, protect: Callable[[memoryview], None],
+                 relay_admit: Callable[[int, int, int], bool], tcp_probe=ack_silence) -> None:
         self.rank = rank
-        self.send = SendChannel()
-        self.recv = RecvChannel()
+        self.nrails = nrails
+        self.config = config
+        self.clock = clock
+        self.io = io
+        self.policy = policy
+        self.rail_word = rail_word
+        self.rail_rates = rail_rates
+        self.matcher = matcher
+        self.protect = protect
+        self.relay_admit = relay_admit
+        #: the kernel's acknowledgement silence of a socket (TCP_INFO); tests give another
+        self.ack_silence = tcp_probe
+        #: bytes a link may have queued before the sender stops carving frames
+        self.watermark = 2 * config.chunk_bytes
+        #: the pairs this rank relays for others (advertised in heartbeats)
+        self.relaying = 0
+        self._scratch = memoryview(bytearray(1 << 16))
+
+    def discard(self, n: int) -> memoryview:
+        """A buffer for payload bytes nobody needs (duplicates)."""
+        if len(self._scratch) < n:
+            self._scratch = memoryview(bytearray(n))
+        return self._scratch[:n]
+
+
+class PeerChannel:
+    def __init__(self, rank: int, env: PeerEnv) -> None:
+        self.rank = rank
+        self.env = env
+        nrails = env.nrails
+        self.outbound = SendChannel()
+        self.inbound = RecvChannel()
         self.links: List[Optional[Link]] = [None] * nrails
         self.status: List[LinkStatus] = [LinkStatus(rail=r) for r in range(nrails)]
-        self.tx = Sender(self)
-        self.rx = Receiver(self)
-        #: rails that carry our traffic now, best first (empty: no path)
+        self.sender = Sender(self)
+        self.receiver = Receiver(self)
+        #: rails that carry our traffic now, best first (empty: no rail)
         self.active: List[int] = []
+        #: the third rank our traffic goes through while no rail is left
+        self.relay: Optional["RelayPath"] = None
+        self.relay_heard = 0.0
+        #: ranks that told us they cannot pass our frames on to this peer
+        self.relay_refused: set = set()
+        #: what the peer advertised of its relay load (pairs it passes on)
+        self.relay_load = 0
         self.no_path_since: Optional[float] = None
         self.closed_by_peer = False
         #: when the last link ended with FIN/RST (a dead process, or a peer
         #: that dropped links it believed dead and will re-dial)
         self.eof_since: Optional[float] = None
-        #: rails on which re-dialing was refused (nobody listening)
-        self.refused: set = set()
         self.lost: Optional[BaseException] = None
-        #: whether each rail's NIC on the peer's side lost carrier (from the
-        #: rail word every frame of the peer carries, and its notifications)
-        self.peer_carrier_down: Dict[int, bool] = {}
         self.peer_rails = PeerRails()
         #: grey failure: rails held out of service (degraded) by us, and by the
         #: peer (from its heartbeats: level state), as bitmasks
         self.avoid = 0
         self.peer_avoid = 0
-        self.holds: List[Hold] = [Hold(base=host.config.failback_holddown) for _ in range(nrails)]
+        self.holds: List[Hold] = [Hold(base=env.config.failback_holddown) for _ in range(nrails)]
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
         #: bytes moved by this peer's links that are closed now, per rail
         self.closed_sent: List[int] = [0] * nrails
         self.closed_received: List[int] = [0] * nrails
+        #: a frame was applied: parked links may be able to go on (see ``_done``)
+        self.resume_wanted = False
+        self._out: list = []
+
+    # ------------------------------------------------------------ outcomes
+    def report(self, outcome) -> None:
+        self._out.append(outcome)
+
+    def _emit(self, event: str, rail: int, cause: Optional[str], **extra) -> None:
+        self._out.append(Emit(event, rail, cause, extra))
+
+    def _done(self):
+        """End of a call from the engine: let parked links go on (never from
+        inside a read loop), then hand over what happened."""
+        guard = 0
+        while self.resume_wanted and guard < 1000:
+            self.resume_wanted = False
+            guard += 1
+            try:
+                self.receiver.resume_parked()
+            except ProtocolError as exc:
+                self._protocol_error(None, exc)
+            except LinkEscapeError as exc:
+                self.report(Fatal(exc))
+        out = self._out
+        if not out:
+            return NOTHING
+        self._out = []
+        return out
 
     # ------------------------------------------------------------ views
     def live_links(self) -> List[Link]:
-        return [l for l in self.links if l is not None and l.status.state is State.UP]
+        return [l for l in self.links if l is not None and self.status[l.rail].state is State.UP]
 
     def rail_bytes(self, rail: int) -> tuple:
         """(sent, received) on ``rail`` over every link ever opened to this peer."""
@@ -96,185 +180,321 @@ class PeerChannel:
             received += link.bytes_received
         return sent, received
 
+    @property
+    def whole(self) -> bool:
+        return all(st.state is State.UP for st in self.status)
+
+    # ------------------------------------------------------------ data path (engine)
+    def post_send(self, m) -> None:
+        self.sender.post(m)
+
+    def post_recv(self, m) -> None:
+        self.receiver.post(m)
+
+    def pump(self):
+        self.sender.pump()
+        return self._done()
+
+    def cancel(self, m) -> None:
+        """A failed operation's message: unmatch it."""
+        if m in self.sender.queue:
+            self.sender.cancel(m)
+        else:
+            self.receiver.cancel(m)
+
+    def materialize(self, lo: int, hi: int) -> int:
+        return self.outbound.materialize(lo, hi)
+
+    def zero_copy_pending(self, seq: int) -> bool:
+        """Frames up to ``seq`` still point into caller memory, unacknowledged."""
+        return self.outbound.acked < seq and self.outbound.zc > 0
+
+    def needs(self, op) -> bool:
+        """``op`` still needs something from this peer (its receives, its
+        sends carved, or, for one that completes on delivery, acks)."""
+        rank = self.rank
+        return (any(m.peer == rank and not m.done for m in op.recvs)
+                or any(m.peer == rank and m.carved < m.nbytes for m in op.sends)
+                or (op.need_ack and op.last_seq.get(rank, 0) > self.outbound.acked))
+
     # ------------------------------------------------------------ links
-    def attach(self, link: Link, now: float) -> None:
-        """Put a link in service (start-up, or an emulated repair)."""
-        old = self.links[link.rail]
+    def open_link(self, link: Link, peer_expected: Optional[int] = None):
+        """Put a link in service: one opened at start-up or by an emulated
+        repair (``peer_expected`` None), or re-opened by either side (the
+        peer's ``expected`` from its handshake: it has everything below)."""
+        now = self.env.clock.now()
+        rail = link.rail
+        old = self.links[rail]
+        status = self.status[rail]
+        reopened = peer_expected is not None
         if old is not None:
-            self.drop(old)
-        self.links[link.rail] = link
-        self.host.io.add_link(link)
-        self.host.down.discard((self.rank, link.rail))
-        self.host.touch(self)
-        self._whole_again()
-        self._watch(link, now)
-        self.reroute(now)
-
-    def adopt(self, link: Link, peer_expected: int) -> None:
-        """A re-opened link (either side dialed): put it in service."""
-        now = time.monotonic()
-        old = self.links[link.rail]
-        if old is not None:
-            # the peer re-dialed, so it considers the old connection dead
-            self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
-        cause = link.status.down_cause
-        link.status.apply(Ev.CONNECTED, now)
-        self.links[link.rail] = link
-        self.host.io.add_link(link)
-        self.host.down.discard((self.rank, link.rail))
-        self.host.touch(self)  # hot through the hold-down, then failback
-        self._whole_again()
-        self._watch(link, now)
-        self.eof_since = None
-        self.refused.discard(link.rail)
-        if self.send.acked < peer_expected - 1 <= self.send.last_seq:
-            self.send.on_ack(peer_expected - 1)  # the peer has all below: replay less
-        self.host.emit("link_up", self.rank, link.rail, CAUSE.get(cause), epoch=link.epoch)
-        self.reroute(now, cause=CAUSE.get(cause))
-        self.tx.pump()
-
-    def _whole_again(self) -> None:
-        if all(st.state is State.UP for st in self.status):
-            self.host.degraded_watch.discard(self)
-
-    def _watch(self, link: Link, now: float) -> None:
-        link.grey = GreyDetector(self.host.rail_rates[link.rail])
-        self.holds[link.rail].new_link(now)
+            if reopened:  # the peer re-dialed, so it considers the old connection dead
+                self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
+            else:
+                self._drop(old)
+        cause = status.down_cause
+        first = status.never_up  # its first connection (a backup opened after start-up): no event
+        status.apply(Ev.CONNECTED, now)
+        self.links[rail] = link
+        self.env.io.add_link(link)
+        self.report(LinkUp(rail))
+        link.grey = GreyDetector(self.env.rail_rates[rail])
+        self.holds[rail].new_link(now)
         if self.avoid:
             # tell the peer at once which rails we hold out (heartbeats repeat it)
-            self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+        if reopened:
+            self.eof_since = None
+            out = self.outbound
+            if out.acked < peer_expected - 1 <= out.last_seq:
+                out.on_ack(peer_expected - 1)  # the peer has all below: replay less
+        if reopened and not first:
+            self._emit("link_up", rail, CAUSE.get(cause), epoch=link.epoch)
+            self.reroute(now, cause=CAUSE.get(cause))
+        else:
+            self.reroute(now)
+        self.sender.pump()
+        return self._done()
 
-    def drop(self, link: Link, close: bool = True) -> None:
+    def _drop(self, link: Link, close: bool = True) -> None:
         log.debug("drop link to rank %d rail %d (fd %d)", link.peer, link.rail, link.fd)
-        self.host.io.remove_link(link)
+        self.env.io.remove_link(link)
         if self.links[link.rail] is link:
             self.links[link.rail] = None
             self.closed_sent[link.rail] += link.bytes_sent
             self.closed_received[link.rail] += link.bytes_received
+        link.discard_queue()
         if close:
             link.close()
         else:
-            self.host.severed.append(link)  # an emulated cut: silent, as a real one
+            link.open = False  # an emulated cut: silent, as a real one; closed when the rail returns
+        self.report(LinkDown(link, severed=not close))
 
     def link_down(self, link: Link, ev: Ev, detail: str = "", close: bool = True) -> None:
         """A link failed: drop it and move its traffic (lossless: replay).
         ``close=False`` keeps the socket open but unused (an emulated cut must
         not send a FIN that a real cut never delivers)."""
-        now = time.monotonic()
+        if not link.open or self.links[link.rail] is not link:
+            return
+        now = self.env.clock.now()
         was_active = link.rail in self.active
         if ev in (Ev.TIMEOUT, Ev.DEGRADED):
             # back only once clean: a lossy rail must not flap
             self.holds[link.rail].trip(now)
             self.avoid |= 1 << link.rail
-        link.status.apply(ev, now, backoff_max=self.host.config.reconnect_max)
-        self.drop(link, close=close)
-        host = self.host
-        host.down.add((self.rank, link.rail))
-        host.touch(self)
-        host.rail_lost(self)
-        self.host.emit("link_down", self.rank, link.rail, CAUSE[ev], detail=detail)
-        self.tx.replay = True
+        self.status[link.rail].apply(ev, now, backoff_max=self.env.config.reconnect_max)
+        self._drop(link, close=close)
+        self._emit("link_down", link.rail, CAUSE[ev], detail=detail)
+        self.sender.replay = True
         # A link parked on a frame ahead may have waited for this one.
-        self.resume_parked()
+        self.resume_wanted = True
         self.reroute(now, cause=CAUSE[ev], moved_from=link.rail if was_active else None)
-        self.host.redial()  # Recovery sleeps until a link is down
+        self.report(Redial())  # Recovery sleeps until a link is down
+
+    def link_failed(self, rail: int, ev: Ev, detail: str, close: bool = True):
+        """(engine) The link on ``rail`` failed for a reason found outside it
+        (our NIC lost carrier, an emulated fault)."""
+        link = self.links[rail]
+        if link is not None:
+            self.link_down(link, ev, detail=detail, close=close)
+        return self._done()
+
+    def link_error(self, link: Link, exc: BaseException, what: str) -> None:
+        self.link_down(link, failure_event(exc), detail=f"{what}: {exc}")
 
     def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
-        host = self.host
+        policy = self.env.policy
         old = self.active
-        new = host.policy.choose(self.status, now, self.avoid | self.peer_avoid)
+        held = self.avoid | self.peer_avoid
+        new = policy.choose(self.status, now, held)
+        if self.relay is not None:
+            if new and (not self.relay.confirmed or any(policy.eligible(self.status[r], now) for r in new)):
+                self._relay_off("path_back")  # a rail is back (and past its hold-down, if the relay works)
+            else:
+                self.active = []
+                return  # the relay carries the traffic until then
         self.active = new
         if not new:
             if self.no_path_since is None:
                 self.no_path_since = now
-                host.emit("no_path", self.rank, moved_from if moved_from is not None else -1,
-                          cause or "socket_error", since=time.time())
+                self._emit("no_path", moved_from if moved_from is not None else -1, cause or "socket_error",
+                           since=self.env.clock.wall())
+                self.report(NoPath())
             return
         if self.no_path_since is not None:
             self.no_path_since = None
-            self.tx.replay = True
-            host.liveness.path_back(self)
+            self.sender.replay = True
+            self.report(PathBack())
         if moved_from is not None:
-            self.tx.replay = True  # what was on the dead link is lost: resend all unacked
+            self.sender.replay = True  # what was on the dead link is lost: resend all unacked
         if old and new != old:
             if moved_from is not None:
-                host.emit("failover", self.rank, new[0], cause or "socket_error", from_rail=moved_from)
-            elif new[0] == host.policy.primary or (host.policy.stripe and len(new) > len(old)):
-                host.emit("failback", self.rank, new[0], None, from_rail=old[0])
+                self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
+            elif new[0] == policy.primary or (policy.stripe and len(new) > len(old)):
+                self._emit("failback", new[0], None, from_rail=old[0])
         elif not old and moved_from is not None:
-            host.emit("failover", self.rank, new[0], cause or "socket_error", from_rail=moved_from)
+            self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
 
-    def notify(self, kind: int, rail: int) -> None:
+    def notify(self, kind: int, rail: int):
         """Tell the peer about our NIC on ``rail`` over another rail, if one is left."""
-        links = [l for l in self.live_links() if l.rail != rail]
-        if not links:
-            return
-        link = next((l for l in links if l.rail in self.active), links[0])
-        self.tx.control(link, kind, arg=rail)
+        self._notify(kind, rail)
+        return self._done()
 
-    def resume_parked(self) -> None:
-        try:
-            self.rx.resume_parked()
-        except LinkEscapeError as exc:
-            self.host.set_fatal(exc)
+    def _notify(self, kind: int, rail: int) -> None:
+        links = [l for l in self.live_links() if l.rail != rail]
+        if links:
+            link = next((l for l in links if l.rail in self.active), links[0])
+            self.sender.control(link, kind, arg=rail)
+
+    def tell(self, kind: int, arg: int):
+        """A control frame to the peer on its route (relayed if it is)."""
+        self.sender.send_control(kind, arg)
+        return self._done()
+
+    def tell_all_links(self, kind: int, arg: int):
+        """A control frame on every live link (PEER_LOST: it must get through)."""
+        for link in self.live_links():
+            self.sender.control(link, kind, arg=arg)
+        if self.relay is not None:
+            self.sender.send_control(kind, arg)
+        return self._done()
+
+    def resume(self):
+        """Parked links may go on (a relay window opened)."""
+        self.resume_wanted = True
+        return self._done()
+
+    def close_link(self, link: Link) -> None:
+        """(closing) Out of service without a word."""
+        self.env.io.remove_link(link)
+        if self.links[link.rail] is link:
+            self.links[link.rail] = None
+        link.close()
+
+    def read_now(self, link: Link) -> None:
+        """A parked link's frame was bound: go on reading what it holds."""
+        if not len(link.sink) or link.buffered:
+            self._read(link)
+        # otherwise reading resumes through poll
+
+    # ------------------------------------------------------------ relay (the engine chooses the path)
+    def use_relay(self, path: "RelayPath"):
+        """No rail is left: try ``path`` (a third rank). Frames go through it
+        at once; it counts as our path (``relay_on``) from the first frame
+        of the peer's that comes back through a relay, so a rank that
+        cannot reach the peer (it says so: RELAY_UNREACH) or a peer that is
+        gone never looks relayed."""
+        self.relay = path
+        self.relay_heard = self.env.clock.now()
+        self.active = []
+        self.sender.replay = True
+        self.sender.pump()
+        self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
+        path.last_sent = self.relay_heard
+        return self._done()
+
+    def _relay_confirmed(self) -> None:
+        path = self.relay
+        path.confirmed = True
+        self._emit("relay_on", -1, None, via=path.via)
+        if self.no_path_since is not None:
+            self.no_path_since = None
+            self.report(PathBack())
+
+    def _relay_off(self, why: str) -> None:
+        path = self.relay
+        self.relay = None
+        self.sender.replay = True
+        if path.confirmed:
+            self._emit("relay_off", -1, why, via=path.via, bytes=path.bytes)
+
+    def relay_lost(self, via: int, why: str, refused: bool = False):
+        """The relay through ``via`` cannot carry our frames any more (it
+        lost its path to us or to the peer, or said so)."""
+        self._relay_lost(via, why, refused)
+        return self._done()
+
+    def _relay_lost(self, via: int, why: str, refused: bool = False) -> None:
+        if refused:
+            self.relay_refused.add(via)
+        if self.relay is not None and self.relay.via == via:
+            self._relay_off(why)
+            self.reroute(self.env.clock.now(), cause=why)
+            self.sender.pump()
+
+    def replay_now(self):
+        """Frames on their way to the peer were lost (a relay said so): send again."""
+        self.sender.replay = True
+        self.sender.pump()
+        return self._done()
+
+    def lost_relayed(self) -> None:
+        """A relayed frame could not be kept: ask the peer to send again."""
+        self.sender.send_control(RELAY_RESET, arg=self.env.rank)
 
     # ------------------------------------------------------------ poll events
-    def on_event(self, link: Link, ev: int) -> None:
-        io = self.host.io
+    def on_event(self, link: Link, ev: int):
+        if not link.open:
+            return NOTHING
         if link.parked and ev & POLLERR:
             # A parked link is not read, so an error would go unseen.
             import os
             import socket as _socket
 
             err = link.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
-            self.on_disconnect(link, ConnectionResetError(
+            self._on_disconnect(link, ConnectionResetError(
                 err, f"error on a parked link: poll {ev:#x}, {os.strerror(err) if err else 'no error'}"))
-            return
+            return self._done()
         if ev & POLLIN or (ev & POLLERR and not ev & POLLOUT):
-            self.on_readable(link)
-            if io.links.get(link.fd) is not link:
-                return
-        if ev & POLLOUT:
-            self.tx.flush(link)
-        elif ev & POLLERR and io.links.get(link.fd) is link:
-            self.on_disconnect(link, ConnectionResetError("POLLERR/POLLHUP"))
+            self._read(link)
+        if link.open:
+            if ev & POLLOUT:
+                self.sender.flush(link)
+            elif ev & POLLERR:
+                self._on_disconnect(link, ConnectionResetError("POLLERR/POLLHUP"))
+        if self.sender.queue or self.sender.replay:
+            self.sender.pump()
+        return self._done()
 
-    def on_readable(self, link: Link) -> None:
+    def _read(self, link: Link) -> None:
         try:
-            self.rx.on_readable(link)
+            self.receiver.on_readable(link)
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as exc:
-            self.protocol_error(link, exc)
+            self._protocol_error(link, exc)
         except LinkEscapeError as exc:  # the ranks disagree (CollectiveMismatch): the job is wrong
-            self.host.set_fatal(exc)
+            self.report(Fatal(exc))
             # stop reading this link: its frame has nowhere to go (a hang-up still shows)
             link.reset_read()
             link.parked = True
-            self.host.io.want(link, POLLOUT if link.out else 0)
+            self.env.io.want(link, POLLOUT if link.out else 0)
         except Exception as exc:  # OSError, LinkClosed
             if is_disconnect(exc):
-                self.on_disconnect(link, exc)
+                self._on_disconnect(link, exc)
             else:
                 raise
 
-    def protocol_error(self, link: Link, exc: ProtocolError) -> None:
+    def _protocol_error(self, link: Optional[Link], exc: ProtocolError) -> None:
         """The link carried nonsense: it is a failed link (closed, replayed
         elsewhere, re-dialed). Only a peer that keeps sending nonsense on fresh
         links fails the communicator."""
-        now = time.monotonic()
+        now = self.env.clock.now()
         self.protocol_errors = [t for t in self.protocol_errors if now - t < PROTOCOL_ERROR_WINDOW] + [now]
-        log.warning("rank %d rail %d: %s", self.rank, link.rail, exc)
-        if self.links[link.rail] is link:
+        log.warning("rank %d rail %s: %s", self.rank, link.rail if link is not None else "relay", exc)
+        if link is not None:
             self.link_down(link, Ev.PROTOCOL_ERROR, detail=str(exc))
+        elif self.relay is not None:
+            self._relay_lost(self.relay.via, "protocol_error")
         if len(self.protocol_errors) >= PROTOCOL_ERROR_LIMIT:
-            self.host.set_fatal(ProtocolError(
+            self.report(Fatal(ProtocolError(
                 f"rank {self.rank} sent frames that break the protocol on {len(self.protocol_errors)} links "
-                f"within {PROTOCOL_ERROR_WINDOW:g}s (last: {exc})", peer=self.rank, rail=link.rail))
+                f"within {PROTOCOL_ERROR_WINDOW:g}s (last: {exc})", peer=self.rank,
+                rail=link.rail if link is not None else None)))
 
-    def on_disconnect(self, link: Link, exc: BaseException) -> None:
+    def _on_disconnect(self, link: Link, exc: BaseException) -> None:
         if self.closed_by_peer:
-            self.drop(link)
+            self._drop(link)
             return
         self.link_down(link, failure_event(exc), detail=f"{type(exc).__name__}: {exc}")
         # Every link ended with FIN/RST. A dead process also lost its listener:
@@ -282,153 +502,222 @@ class PeerChannel:
         # rail); the accepting side waits briefly for a re-dial, which a live
         # peer that merely dropped a link it believed dead would make.
         if not self.live_links() and self.lost is None and self.eof_since is None:
-            self.eof_since = time.monotonic()
-            if self.host.rank > self.rank:
+            now = self.env.clock.now()
+            self.eof_since = now
+            if self.env.rank > self.rank:
                 for st in self.status:
                     if st.state is State.DOWN:
-                        st.next_probe = time.monotonic()
-                self.host.redial()
+                        st.next_probe = now
+                self.report(Redial())
 
-    def on_control(self, link: Link, hdr: Header) -> None:
-        host = self.host
-        if hdr.kind == Kind.BYE:
+    def on_relayed(self, frame: memoryview):
+        """A frame of this peer that a third rank passed on to us."""
+        try:
+            hdr = unpack_header(frame, self.env.config.max_frame_bytes)
+            if len(frame) != HEADER_SIZE + hdr.length:
+                raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=self.rank)
+            if hdr.kind == RELAY:
+                raise ProtocolError("a relayed frame relays another", peer=self.rank)
+            self.relay_heard = self.env.clock.now()
+            if self.relay is not None and not self.relay.confirmed:
+                self._relay_confirmed()
+            if hdr.ack:
+                self.outbound.on_ack(hdr.ack)
+            if hdr.rails != self.peer_rails.word:
+                self.on_peer_rails(hdr.rails)
+            if hdr.kind == DATA:
+                self.receiver.on_relayed(frame)
+            else:
+                self.on_control(None, hdr)
+        except ProtocolError as exc:
+            self._protocol_error(None, exc)
+        except LinkEscapeError as exc:
+            self.report(Fatal(exc))
+        if self.sender.queue or self.sender.replay or self.sender.ack_urgent:
+            self.sender.pump()
+        return self._done()
+
+    def on_control(self, link: Optional[Link], hdr: Header) -> None:
+        kind = hdr.kind
+        arg = hdr.arg
+        if kind == HEARTBEAT:
+            self.relay_load = arg >> LOAD_SHIFT
+            avoid = arg & AVOID_MASK
+            if avoid != self.peer_avoid:
+                self.peer_avoid = avoid
+                self.reroute(self.env.clock.now())
+                self.sender.pump()
+        elif kind == BYE:
             # The peer drained before saying BYE: whatever we still wait for
             # from it will never come.
             self.closed_by_peer = True
             self.lost = PeerLost(f"rank {self.rank} closed its communicator", peer=self.rank)
-            host.ops.fail_needing(self, self.lost)
-        elif hdr.kind == Kind.NOTIFY_DOWN:
-            other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
-            self.peer_carrier_down[hdr.arg] = True
+            self.report(Closed(self.lost))
+        elif kind == NOTIFY_DOWN:
+            other = self.links[arg] if arg < len(self.links) else None
             if other is not None:
                 self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
-        elif hdr.kind == Kind.NOTIFY_SILENT:
-            other = self.links[hdr.arg] if hdr.arg < len(self.links) else None
+        elif kind == NOTIFY_SILENT:
+            other = self.links[arg] if arg < len(self.links) else None
             if other is not None:
                 self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
-        elif hdr.kind == Kind.HEARTBEAT:
-            if hdr.arg != self.peer_avoid:
-                self.peer_avoid = hdr.arg & 0xFF
-                now = time.monotonic()
-                self.reroute(now)
-                self.tx.pump()
-        elif hdr.kind == Kind.PEER_LOST:
-            host.liveness.reported(self.rank, hdr.arg)
-        elif hdr.kind == Kind.NOTIFY_UP:
-            self.peer_carrier_down[hdr.arg] = False
-            if hdr.arg < len(self.status) and self.status[hdr.arg].state is State.DOWN:
-                self.status[hdr.arg].next_probe = time.monotonic()
-                self.status[hdr.arg].backoff = 0.0
-                host.redial()
+        elif kind == PEER_LOST:
+            self.report(LostReported(arg))
+        elif kind == NOTIFY_UP:
+            if arg < len(self.status):
+                self._retry_now(arg)
+        elif kind == RELAY_UNREACH:
+            self.report(Unreachable(arg))
+        elif kind == RELAY_RESET:
+            if arg == self.rank:
+                self.sender.replay = True  # the peer itself lost relayed frames
+            else:
+                self.report(RelayReset(arg))
+
+    def _retry_now(self, rail: int) -> None:
+        st = self.status[rail]
+        if st.state is State.DOWN:
+            st.next_probe = self.env.clock.now()
+            st.backoff = 0.0
+            self.report(Redial())
 
     def on_peer_rails(self, word: int) -> None:
         """The peer's rails without carrier, as every frame repeats them."""
         down, up = self.peer_rails.apply(word)
-        now = time.monotonic()
         for rail in down:
             if rail < len(self.links):
-                self.peer_carrier_down[rail] = True
                 link = self.links[rail]
                 if link is not None:
                     self.link_down(link, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
         for rail in up:
             if rail < len(self.links):
-                self.peer_carrier_down[rail] = False
-                st = self.status[rail]
-                if st.state is State.DOWN:
-                    st.next_probe = now
-                    st.backoff = 0.0
-                    self.host.redial()
+                self._retry_now(rail)
 
     # ------------------------------------------------------------ timers
     def engaged(self) -> bool:
         """An operation's traffic is pending with this peer: bytes to send or
         to be acknowledged, or a receive posted."""
-        return self.tx.busy or bool(self.send.unacked) or self.rx.waiting()
+        return self.sender.busy or bool(self.outbound.unacked) or self.receiver.waiting()
 
-    def quiet(self, now: float) -> bool:
+    def quiet(self, now: float, watched: bool) -> bool:
         """Nothing for the timers to do with this peer until it is touched
         again (traffic, a state change) or the probe budget picks one of
         its links: no operation's traffic, no ack owed, no bytes of ours
         waiting for an acknowledgement, no fault being handled, no rail in
         hold-down, the path the policy would choose."""
-        if (self.engaged() or self.recv.ack_owed or self.no_path_since is not None
-                or self.avoid or self.peer_avoid or self.rx.stash or self.eof_since is not None
-                or self in self.host.degraded_watch):
+        if (watched or self.engaged() or self.inbound.ack_owed or self.no_path_since is not None
+                or self.relay is not None or self.avoid or self.peer_avoid or self.receiver.stash
+                or self.eof_since is not None):
             return False
         for link in self.links:
-            if link is not None and (link.pending_since is not None or link.parked or link.out):
+            if link is not None and (link.pending_since is not None or link.parked or link.out
+                                     or link.hdr is not None):
                 return False
-        policy = self.host.policy
+        policy = self.env.policy
         for st in self.status:
             if st.state is State.UP and not policy.eligible(st, now):
                 return False
         return policy.choose(self.status, now, 0) == self.active
 
-    def probe(self, rail: int, now: float) -> bool:
-        """Give an idle link something to acknowledge (the probe budget)."""
+    def _beat_arg(self) -> int:
+        return (self.avoid & AVOID_MASK) | (min(self.env.relaying, 0xFFFF) << LOAD_SHIFT)
+
+    def probe(self, rail: int, now: float) -> Optional[Link]:
+        """Give an idle link something to acknowledge (the probe budget);
+        the link probed, or None."""
         link = self.links[rail]
-        if link is None or link.status.state is not State.UP or link.out:
-            return False
-        self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+        if link is None or self.status[rail].state is not State.UP or link.out:
+            return None
+        self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
         if link.pending_since is None:
             link.pending_since = now
-        return True
+        return link
 
-    def tick(self, now: float, blind: bool, due: float) -> float:
-        """Silent-loss detection on every live link of this (hot) peer,
-        heartbeats on them while an operation's traffic is pending (or the
-        rail is held out: its cleanliness is judged from them); a link
-        parked for long is read on into the stash. Returns when this peer
-        next needs the timers (``due`` if nothing is sooner): the moment a
-        link's silence could pass the timeout, the next heartbeat."""
-        self.rx.stash_parked(now)
-        cfg = self.host.config
+    def tick(self, now: float, blind: bool, due: float, watched: bool):
+        """The timers of a hot peer: silent-loss detection on every live
+        link, heartbeats on them while an operation's traffic is pending (or
+        the rail is held out: its cleanliness is judged from them, or the
+        peer is watched closely), a link parked for long read on into the
+        stash, the relay's heartbeats and silence, fail-back. Returns (when
+        this peer next needs the timers, ``due`` if nothing is sooner;
+        outcomes)."""
+        self.receiver.stash_parked(now)
+        cfg = self.env.config
         hb = cfg.heartbeat_interval
-        engaged = self.engaged() or self in self.host.degraded_watch
+        engaged = watched or self.engaged()
         for link in self.links:
-            if link is None or link.status.state is not State.UP:
+            if link is None or self.status[link.rail].state is not State.UP:
                 continue
             if self._silent(link, now, blind):
-                self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for "
-                                                        f"{now - link.pending_since:.3f}s "
-                                                        f"({tcp_info_summary(link.sock)})")
+                self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {now - link.pending_since:.3f}s "
+                                                        f"({self._tcp_summary(link)})")
                 # the other end would find out only at its own next check
-                self.notify(Kind.NOTIFY_SILENT, link.rail)
+                self._notify(NOTIFY_SILENT, link.rail)
                 continue
             beats = engaged or self.avoid >> link.rail & 1
             if beats and now - link.last_sent >= hb and not link.out:
-                self.tx.control(link, Kind.HEARTBEAT, arg=self.avoid)
+                self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
             if link.pending_since is not None:
                 due = min(due, link.silent_at)
             if beats:
                 # (a link with bytes queued beats once they are out)
                 due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
-        return due
+        if self.relay is not None:
+            due = self._relay_tick(now, due)
+        if self.inbound.ack_owed:
+            self.sender.send_ack()
+        return due, self._done()
+
+    def _relay_tick(self, now: float, due: float) -> float:
+        relay = self.relay
+        if now - self.relay_heard > RELAY_SILENT:
+            self._relay_lost(relay.via, "timeout")
+            return due
+        hb = self.env.config.heartbeat_interval
+        if now - relay.last_sent >= hb:
+            self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
+            relay.last_sent = now
+        return min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
+
+    def _tcp_summary(self, link: Link) -> str:
+        try:
+            return tcp_info_summary(link.sock)
+        except OSError as exc:
+            return str(exc)
 
     def handling(self) -> bool:
-        """A fault is being handled with this peer (no path, EOF, a rail
-        held out, frames stashed or parked, a link not up): the timers keep
-        their fine cadence for it."""
-        if (self.no_path_since is not None or self.eof_since is not None or self.avoid or self.peer_avoid
-                or self.rx.stash):
+        """A fault is being handled with this peer (no path, a relay, EOF, a
+        rail held out, frames stashed or parked, a link not up): the timers
+        keep their fine cadence for it."""
+        if (self.no_path_since is not None or self.relay is not None or self.eof_since is not None
+                or self.avoid or self.peer_avoid or self.receiver.stash):
             return True
-        return any(link is None or link.parked or link.status.state is not State.UP for link in self.links)
+        return any(link is None or link.parked or self.status[link.rail].state is not State.UP
+                   for link in self.links)
 
-    def hold_sample(self, link: Link, now: float, retrans_segs: int) -> None:
+    def receiving(self) -> bool:
+        """A frame is half read on one of our links (its sender waits for us to read on)."""
+        for link in self.links:
+            if link is not None and link.hdr is not None:
+                return True
+        return False
+
+    def hold_sample(self, link: Link, now: float, retrans_segs: int):
         """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
         hold = self.holds[link.rail]
         if hold.sample(now, retrans_segs):
             self.avoid &= ~(1 << link.rail)
             log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, hold.length)
-            self.failback(now)
+            self._failback(now)
+        return self._done()
 
-    def degraded(self, link: Link) -> None:
+    def degraded(self, link: Link):
         """The grey-failure verdict (engine): take the link down, hold the rail."""
         rate = link.grey.last_rate or 0.0
         ref = link.grey.rail.reference
         self.link_down(link, Ev.DEGRADED, detail=f"goodput {rate * 8 / 1e6:.1f} Mbit/s against a healthy "
                                                  f"{ref * 8 / 1e6:.1f} Mbit/s for {link.grey.window:g}s")
+        return self._done()
 
     def other_clean_rail(self, rail: int) -> bool:
         held = self.avoid | self.peer_avoid
@@ -442,10 +731,10 @@ class PeerChannel:
         not from the last ack: after a pause the last ack is old although the
         byte just went out."""
         try:
-            silent = ack_silence(link.sock)
+            silent = self.env.ack_silence(link.sock)
         except OSError:
             silent = None
-        timeout = self.host.config.silent_timeout
+        timeout = self.env.config.silent_timeout
         if silent is None or blind:
             link.pending_since = None if silent is None else now
             link.silent_at = now + timeout
@@ -457,11 +746,23 @@ class PeerChannel:
         link.silent_at = now + max(timeout - quiet_for, 0.001)
         return quiet_for > timeout
 
-    def failback(self, now: float) -> None:
-        """Move traffic back to a better rail once it is eligible again."""
-        if self.active and self.host.policy.choose(self.status, now, self.avoid | self.peer_avoid) != self.active:
+    def failback(self, now: float):
+        """Move traffic back to a better rail (or from a relay to a rail)
+        once it is eligible again."""
+        self._failback(now)
+        return self._done()
+
+    def _failback(self, now: float) -> None:
+        policy = self.env.policy
+        held = self.avoid | self.peer_avoid
+        if self.relay is not None:
+            new = policy.choose(self.status, now, held)
+            if new and (not self.relay.confirmed or any(policy.eligible(self.status[r], now) for r in new)):
+                self.reroute(now)
+                self.sender.pump()
+        elif self.active and policy.choose(self.status, now, held) != self.active:
             self.reroute(now)
-            self.tx.pump()
+            self.sender.pump()
 
     # ------------------------------------------------------------ state for operators
     def snapshot(self, now: float) -> dict:
@@ -479,15 +780,18 @@ class PeerChannel:
                 "down_cause": CAUSE.get(st.down_cause),
                 "since_s": now - st.since if st.since else None,
             })
+        relay = self.relay
         return {
             "peer": self.rank,
             "primary": self.active[0] if self.active else None,
             "active": list(self.active),
-            "sent": self.send.last_seq,
-            "acked": self.send.acked,
-            "received": self.recv.cumulative_ack,
-            "unacked_bytes": self.send.inflight_bytes,
-            "replayed_bytes": self.tx.replayed_bytes,
+            "via": relay.via if relay is not None else None,
+            "relay_bytes": relay.bytes if relay is not None else 0,
+            "sent": self.outbound.last_seq,
+            "acked": self.outbound.acked,
+            "received": self.inbound.cumulative_ack,
+            "unacked_bytes": self.outbound.unacked_bytes,
+            "replayed_bytes": self.sender.replayed_bytes,
             "no_path_s": None if self.no_path_since is None else now - self.no_path_since,
             "lost": None if self.lost is None else f"{type(self.lost).__name__}: {self.lost}",
             "links": links,

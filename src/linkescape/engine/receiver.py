@@ -1,36 +1,41 @@
-"""The inbound half of a peer: frames from its links into posted receives, in
-seq order and exactly once, whatever link carried them.
+"""The inbound half of a peer: frames from its links (or relayed through a
+third rank) into posted receives, in seq order and exactly once, whatever
+path carried them.
 
 - A frame is bound to where its payload goes (the caller's memory, a staging
   buffer for a reduction, an unexpected point-to-point buffer, or a discard
   buffer for a duplicate) before its payload is read.
-- A link whose next frame cannot be placed yet (ahead of a gap another link
+- A link whose next frame cannot be placed yet (ahead of a gap another path
   will fill, or of a collective not posted yet) is *parked*: not read until
   the frame can be placed, so the frame lands in place without a copy.
 - A link is never parked for long, though: what follows the frame (acks,
   notifications, rail state) must get through. After ``STASH_AFTER`` the
-  frame is read into a buffer (the *stash*, bounded per peer) and applied from
-  there once it can be; while the stash holds anything, frames that cannot
-  be placed go straight to it.
+  frame is read into a buffer (the *stash*) and applied from there once it
+  can be; while the stash holds anything, frames that cannot be placed go
+  straight to it. A relayed frame arrives whole and goes there at once.
+- Every allocation a frame's fields could size is bounded by configuration:
+  the stash (bytes and frames) and the unexpected point-to-point messages
+  (bytes and messages) of each peer. Past a bound the link stays parked
+  (the sender waits) rather than the rank allocating.
 - A reduction is applied only to a frame that arrived whole.
+- The receiver reports what completes (``RecvDone``) and what fails as
+  outcomes; it never calls into the engine.
 """
 
 from __future__ import annotations
 
 import collections
-import time
-from typing import TYPE_CHECKING, Deque, Dict, Optional
+import heapq
+from typing import Deque, Dict, List, Optional
 
 from ..errors import CollectiveMismatch, ProtocolError
 from ..protocol.channel import AHEAD, DUPLICATE
-from ..protocol.frames import FLAG_ACK_NOW, P2P_FLAG, Header, Kind
-from ..protocol.linkstate import State
+from ..protocol.frames import DATA, FLAG_ACK_NOW, FLAG_PASSED, HEADER_SIZE, P2P_FLAG, RELAY, Header, unpack_header
 from .io import POLLIN, POLLOUT
 from .link import Link
 from .messages import InMessage
+from .outcomes import Forward, OpFailed, Relayed, RecvDone
 
-if TYPE_CHECKING:
-    from .peer import PeerChannel
 
 
 class Unexpected:
@@ -47,11 +52,10 @@ class Unexpected:
         self.done = False
 
 
-#: a parked link is read into the stash after this long
+#: a parked link is read on into the stash after this long
 STASH_AFTER = 0.005
-#: bytes a peer's stash may hold; beyond it links stay parked
-STASH_LIMIT = 64 << 20
 _STASH = object()  # the binding of a frame read into the stash
+_RELAY = object()  # the binding of a RELAY frame (the whole inner frame is read)
 
 
 class Stashed:
@@ -68,10 +72,13 @@ class Receiver:
         self.coll_recvs: Deque[InMessage] = collections.deque()
         self.p2p_recvs: Dict[int, Deque[InMessage]] = {}
         self.unexpected: Dict[int, Deque[Unexpected]] = {}
+        self.unexpected_bytes = 0
+        self.unexpected_count = 0
         #: the message whose frames are arriving now (frames of a message are contiguous)
         self.cur_in = None
-        #: frames read before they could be placed, by seq
+        #: frames read before they could be placed, by seq (and their seqs, smallest first)
         self.stash: Dict[int, Stashed] = {}
+        self._stash_seqs: List[int] = []
         self.stash_bytes = 0
 
     # ------------------------------------------------------------ posting
@@ -86,17 +93,21 @@ class Receiver:
         else:
             self.coll_recvs.append(m)
 
+    def _claim(self, m: InMessage) -> InMessage:
+        """An any-source receive is taken by this peer."""
+        rank = self.peer.rank
+        m.peer = rank
+        m.op.source = rank
+        m.op.peers.add(rank)
+        return m
+
     def _taker(self, tag: int):
         """The receive posted first for a whole unexpected message: this
         peer's own, or an any-source one."""
         queue = self.p2p_recvs.get(tag)
-        anyq = self.peer.host.any_recvs.get(tag)
+        anyq = self.peer.env.matcher.any_recvs.get(tag)
         if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
-            m = anyq.popleft()
-            m.peer = self.peer.rank
-            m.op.source = self.peer.rank
-            m.op.peers.add(self.peer.rank)
-            return m
+            return self._claim(anyq.popleft())
         return queue.popleft() if queue else None
 
     def take_any(self, m: InMessage) -> bool:
@@ -104,10 +115,7 @@ class Receiver:
         message from this peer, if one waits."""
         queue = self.unexpected.get(m.msg)
         if queue and queue[0].done:
-            m.peer = self.peer.rank
-            m.op.source = self.peer.rank
-            m.op.peers.add(self.peer.rank)
-            self._take_unexpected(queue.popleft(), m)
+            self._take_unexpected(queue.popleft(), self._claim(m))
             return True
         return False
 
@@ -128,76 +136,98 @@ class Receiver:
         for link in self.peer.links:
             if link is not None and link.binding is m:
                 link.binding = None
-                link.sink = self.peer.host.discard(len(link.sink))
+                link.sink = self.peer.env.discard(len(link.sink))
 
     def _take_unexpected(self, u: Unexpected, m: InMessage) -> None:
-        host = self.peer.host
+        peer = self.peer
+        self.unexpected_bytes -= u.nbytes
+        self.unexpected_count -= 1
         if u.nbytes != m.nbytes:
-            host.ops.fail(m.op, CollectiveMismatch(
-                f"recv of {m.nbytes} bytes from rank {self.peer.rank} matched a send of {u.nbytes} bytes",
-                peer=self.peer.rank, op_seq=m.op.seq))
+            peer.report(OpFailed(m.op, CollectiveMismatch(
+                f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {u.nbytes} bytes",
+                peer=peer.rank, op_seq=m.op.seq)))
             return
         if m.nbytes:
-            host.protect_range(m.dst)
+            peer.env.protect(m.dst)
             m.dst[:] = u.buf
         m.received = m.nbytes
-        host.ops.recv_done(m)
+        m.done = True
+        peer.report(RecvDone(m))
 
     # ------------------------------------------------------------ reading
     def on_readable(self, link: Link) -> None:
         """Read and apply frames until the socket has no more (or the link
-        parks or goes down). Raises LinkEscapeError / OSError to the caller."""
+        parks or goes down). Raises LinkEscapeError / OSError / BlockingIOError
+        to the caller."""
         if link.parked:
             return  # waiting for an earlier frame or a posted receive
         peer = self.peer
-        bound = peer.host.config.max_frame_bytes
+        bound = peer.env.config.max_frame_bytes
+        drained = False
         while True:
-            if link.hdr is None:
-                hdr = link.read_header(bound)
+            hdr = link.hdr
+            if hdr is None:
+                hdr = link.take_header(bound)
                 if hdr is None:
+                    if drained:
+                        return
+                    drained = link.fill()
                     continue
                 if hdr.ack:
-                    peer.send.on_ack(hdr.ack)
+                    peer.outbound.on_ack(hdr.ack)
                 if hdr.rails != peer.peer_rails.word:
                     peer.on_peer_rails(hdr.rails)
-                    if peer.links[link.rail] is not link:
+                    if not link.open:
                         return  # this very rail is down on the peer's side
-                if hdr.kind != Kind.DATA:
+                kind = hdr.kind
+                if kind != DATA and kind != RELAY:
                     peer.on_control(link, hdr)
-                    if link.status.state is not State.UP or peer.links[link.rail] is not link:
+                    if not link.open:
                         return
                     continue
                 link.hdr = hdr
                 if not self.bind(link):
                     return
             if link.sink_got < len(link.sink):
-                if not link.read_payload():
+                got = link.take_payload()
+                if got is not True:
+                    if got is None or drained:
+                        return
+                    drained = link.fill()
                     continue
             self.deliver(link)
+            if not link.open or link.parked:
+                return
 
     def bind(self, link: Link) -> bool:
         """Decide where the current frame's payload goes; False to park."""
         peer = self.peer
-        host = peer.host
+        env = peer.env
         hdr = link.hdr
-        cls = peer.recv.classify(hdr.seq)
-        if cls is AHEAD and hdr.seq in self.stash:
+        if hdr.kind == RELAY:
+            if not hdr.flags & FLAG_PASSED and not env.relay_admit(peer.rank, hdr.arg, hdr.length):
+                return self._park(link)  # the relay's window for that pair is full
+            link.binding = _RELAY
+            link.sink = memoryview(bytearray(hdr.length))
+            return self._bound(link)
+        cls = peer.inbound.classify(hdr.seq)
+        if cls is not DUPLICATE and hdr.seq in self.stash:
             cls = DUPLICATE  # a replay of a frame we hold already
         if cls is DUPLICATE:
             # a replay of something we have: our ack may have died with a link
             link.binding = None
-            link.sink = host.discard(hdr.length)
-            peer.recv.ack_sent = 0
-            peer.tx.ack_urgent = True
+            link.sink = env.discard(hdr.length)
+            peer.inbound.ack_sent = 0
+            peer.sender.ack_urgent = True
         elif cls is AHEAD:
             if self.stash and self._to_stash(link):
                 return True  # it follows frames the stash holds
-            if any(other is not link and other.status.state is State.UP for other in peer.links if other):
-                return self._park(link)  # the gap is on its way over another link (or the stash)
-            # No other link can fill the gap: the frames missing are replayed
+            if peer.relay is not None or any(other is not link and other.open for other in peer.links if other):
+                return self._park(link)  # the gap is on its way over another path (or the stash)
+            # No other path can fill the gap: the frames missing are replayed
             # behind this one on this very link, and so is this one. Drop it.
             link.binding = None
-            link.sink = host.discard(hdr.length)
+            link.sink = env.discard(hdr.length)
         else:
             cur = self.cur_in
             if cur is None:
@@ -205,15 +235,8 @@ class Receiver:
                 if cur is None:
                     return self._park(link)
                 self.cur_in = cur
-            elif cur.msg != hdr.msg or cur.received != hdr.offset:
-                raise ProtocolError(f"frame of message {hdr.msg:#x} at offset {hdr.offset} while "
-                                    f"{cur.msg:#x} is at {cur.received}", peer=peer.rank, rail=link.rail)
-            if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
-                # the first frame matched the message's size: this is not a
-                # disagreement of the ranks but a frame that lies
-                raise ProtocolError(f"frame at offset {hdr.offset} with {hdr.length} bytes of a "
-                                    f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes",
-                                    peer=peer.rank, rail=link.rail)
+            else:
+                self._check_next(cur, hdr, link.rail)
             link.binding = cur
             if isinstance(cur, Unexpected):
                 link.sink = cur.buf[hdr.offset:hdr.offset + hdr.length]
@@ -221,27 +244,46 @@ class Receiver:
                 link.sink = link.staging_view(hdr.length)
             else:
                 sink = cur.dst[hdr.offset:hdr.offset + hdr.length]
-                host.protect_range(sink)
+                env.protect(sink)
                 link.sink = sink
+        return self._bound(link)
+
+    def _bound(self, link: Link) -> bool:
         if link.parked:
             link.parked = False
             self._reading(link, True)
         link.sink_got = 0
         return True
 
+    def _check_next(self, cur, hdr: Header, rail: Optional[int]) -> None:
+        if cur.msg != hdr.msg or cur.received != hdr.offset:
+            raise ProtocolError(f"frame of message {hdr.msg:#x} at offset {hdr.offset} while "
+                                f"{cur.msg:#x} is at {cur.received}", peer=self.peer.rank, rail=rail)
+        if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
+            # the first frame matched the message's size: this is not a
+            # disagreement of the ranks but a frame that lies
+            raise ProtocolError(f"frame at offset {hdr.offset} with {hdr.length} bytes of a "
+                                f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes",
+                                peer=self.peer.rank, rail=rail)
+
     def _park(self, link: Link) -> bool:
         if self.stash and self._to_stash(link):
             return True
         if not link.parked:
             link.parked = True
-            link.parked_at = time.monotonic()
+            link.parked_at = self.peer.env.clock.now()
             self._reading(link, False)
         return False
+
+    def _stash_room(self, nbytes: int) -> bool:
+        limits = self.peer.env.config
+        return (self.stash_bytes + nbytes <= limits.max_stash_bytes
+                and len(self.stash) < limits.max_stash_frames)
 
     def _to_stash(self, link: Link) -> bool:
         """Read the current frame into the stash instead of waiting."""
         hdr = link.hdr
-        if self.stash_bytes + hdr.length > STASH_LIMIT or hdr.seq in self.stash:
+        if hdr.kind != DATA or not self._stash_room(hdr.length) or hdr.seq in self.stash:
             return False
         link.binding = _STASH
         link.sink = memoryview(bytearray(hdr.length))
@@ -259,20 +301,19 @@ class Receiver:
                 self._to_stash(link)
 
     def _reading(self, link: Link, reading: bool) -> None:
-        self.peer.host.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
+        self.peer.env.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
 
     def _match(self, hdr: Header):
         peer = self.peer
         if hdr.offset != 0:
             raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
+        matcher = peer.env.matcher
         if hdr.msg & P2P_FLAG:
             queue = self.p2p_recvs.get(hdr.msg)
-            anyq = peer.host.any_recvs.get(hdr.msg)
+            anyq = matcher.any_recvs.get(hdr.msg)
             if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
                 queue = anyq  # posted first: an any-source receive takes it
-                anyq[0].peer = peer.rank
-                anyq[0].op.source = peer.rank
-                anyq[0].op.peers.add(peer.rank)
+                self._claim(anyq[0])
             if queue:
                 m = queue.popleft()
                 if m.nbytes != hdr.arg:
@@ -280,19 +321,25 @@ class Receiver:
                         f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {hdr.arg} bytes",
                         peer=peer.rank, op_seq=m.op.seq)
                 return m
+            limits = peer.env.config
+            if (self.unexpected_bytes + hdr.arg > limits.max_unexpected_bytes
+                    or self.unexpected_count >= limits.max_unexpected):
+                return None  # past the bound: the sender waits until a receive is posted
             u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
+            self.unexpected_bytes += hdr.arg
+            self.unexpected_count += 1
             self.unexpected.setdefault(hdr.msg, collections.deque()).append(u)
             return u
-        host = peer.host
         if not self.coll_recvs or self.coll_recvs[0].msg > hdr.msg:
-            if hdr.msg <= host.coll_started:
+            if hdr.msg <= matcher.coll_started:
                 raise CollectiveMismatch(
-                    f"rank {peer.rank} sent data for collective #{hdr.msg}, in which rank {host.rank} expects "
-                    f"nothing from it (different operation, root or group)", peer=peer.rank, op_seq=hdr.msg)
+                    f"rank {peer.rank} sent data for collective #{hdr.msg}, in which rank {peer.env.rank} "
+                    f"expects nothing from it (different operation, root or group)", peer=peer.rank,
+                    op_seq=hdr.msg)
             return None
         m = self.coll_recvs[0]
         if m.msg != hdr.msg or m.sig != hdr.sig or m.nbytes != hdr.arg:
-            raise CollectiveMismatch(_mismatch_text(host.rank, peer.rank, m, hdr), peer=peer.rank,
+            raise CollectiveMismatch(_mismatch_text(peer.env.rank, peer.rank, m, hdr), peer=peer.rank,
                                      op_seq=m.op.seq)
         self.coll_recvs.popleft()
         return m
@@ -300,34 +347,48 @@ class Receiver:
     def deliver(self, link: Link) -> None:
         """The current frame is whole: apply it (once) and move on."""
         peer = self.peer
-        host = peer.host
         hdr = link.hdr
         m = link.binding
+        if m is _RELAY:
+            frame = link.sink
+            link.reset_read()
+            if hdr.flags & FLAG_PASSED:
+                peer.report(Relayed(hdr.arg, frame))
+            else:
+                peer.report(Forward(hdr.arg, frame))
+            return
         if m is _STASH:
-            if hdr.seq >= peer.recv.expected and hdr.seq not in self.stash:
-                self.stash[hdr.seq] = Stashed(hdr, link.sink)
-                self.stash_bytes += hdr.length
+            self._stash(hdr, link.sink)
             link.reset_read()
             self.apply_stash()
             return
-        if m is not None and hdr.seq != peer.recv.expected:
-            m = None  # another link delivered this frame first: a duplicate now
+        if m is not None and hdr.seq != peer.inbound.expected:
+            m = None  # another path delivered this frame first: a duplicate now
         if m is not None:
             self._applied(hdr, m, link.sink, link)
         link.reset_read()
         # A parked link may hold the next frame: the one that was ahead of
         # this one (failback: new frames on the primary while the backup
         # drains), or the start of a message that is posted now.
-        self.resume_parked(skip=link)
+        peer.resume_wanted = True
+
+    def _stash(self, hdr: Header, payload: memoryview) -> bool:
+        if hdr.seq < self.peer.inbound.expected or hdr.seq in self.stash:
+            return True
+        if not self._stash_room(hdr.length):
+            return False
+        self.stash[hdr.seq] = Stashed(hdr, payload)
+        heapq.heappush(self._stash_seqs, hdr.seq)
+        self.stash_bytes += hdr.length
+        return True
 
     def _applied(self, hdr: Header, m, payload: memoryview, link: Optional[Link] = None) -> None:
         """Account a frame whose bytes are in place (or, for a reduction, in
         ``payload``): exactly once, in seq order."""
         peer = self.peer
-        host = peer.host
-        peer.recv.applied(hdr.seq)
+        peer.inbound.applied(hdr.seq)
         if hdr.flags & FLAG_ACK_NOW:
-            peer.tx.ack_urgent = True  # the sender waits for it
+            peer.sender.ack_urgent = True  # the sender waits for it
         if isinstance(m, Unexpected):
             m.received += hdr.length
             if m.received == m.nbytes:
@@ -345,40 +406,61 @@ class Receiver:
                 m.on_frame(m.received)
             if m.received == m.nbytes:
                 self.cur_in = None
-                host.ops.recv_done(m)
+                m.done = True
+                peer.report(RecvDone(m))
         # A copy of this frame half-read on another (failing) link must
         # never land in memory that may be reused from now on.
+        expected = peer.inbound.expected
         for other in peer.links:
             if (other is not None and other is not link and other.binding is not None
-                    and other.hdr is not None and other.hdr.seq < peer.recv.expected):
+                    and other.hdr is not None and other.hdr.seq < expected):
                 other.binding = None
-                other.sink = host.discard(len(other.sink))
+                other.sink = peer.env.discard(len(other.sink))
+
+    def on_relayed(self, frame: memoryview) -> None:
+        """A whole DATA frame of this peer that a third rank passed on: apply
+        it if it is next and its message is posted, else keep it in the
+        stash (or drop a duplicate). Its header was read by the peer."""
+        peer = self.peer
+        hdr = unpack_header(frame, peer.env.config.max_frame_bytes)
+        payload = frame[HEADER_SIZE:HEADER_SIZE + hdr.length]
+        if len(payload) != hdr.length:
+            raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=peer.rank)
+        cls = peer.inbound.classify(hdr.seq)
+        if cls is DUPLICATE or hdr.seq in self.stash:
+            peer.inbound.ack_sent = 0
+            peer.sender.ack_urgent = True
+            return
+        if not self._stash(hdr, payload):
+            peer.lost_relayed()  # no room: the sender must send it again
+            return
+        self.apply_stash()
 
     def apply_stash(self) -> None:
-        """Apply stashed frames that can be placed now, in seq order."""
+        """Apply stashed frames that can be placed now, in seq order (each
+        stashed frame is looked at a bounded number of times: linear)."""
         peer = self.peer
-        host = peer.host
         stash = self.stash
-        while stash:
-            expected = peer.recv.expected
-            for seq in [s for s in stash if s < expected]:  # delivered meanwhile over another link
-                self.stash_bytes -= stash.pop(seq).hdr.length
-            s = stash.get(expected)
-            if s is None:
+        seqs = self._stash_seqs
+        while seqs:
+            expected = peer.inbound.expected
+            while seqs and seqs[0] < expected:  # delivered meanwhile over another path
+                s = stash.pop(heapq.heappop(seqs), None)
+                if s is not None:
+                    self.stash_bytes -= s.hdr.length
+            if not seqs or seqs[0] != expected:
                 return
+            s = stash[expected]
             hdr = s.hdr
             cur = self.cur_in
             if cur is None:
                 cur = self._match(hdr)
                 if cur is None:
-                    return  # its collective is not posted yet
+                    return  # its message is not posted yet (or past the unexpected bound)
                 self.cur_in = cur
-            elif cur.msg != hdr.msg or cur.received != hdr.offset:
-                raise ProtocolError(f"stashed frame of message {hdr.msg:#x} at offset {hdr.offset} while "
-                                    f"{cur.msg:#x} is at {cur.received}", peer=peer.rank)
-            if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
-                raise ProtocolError(f"stashed frame at offset {hdr.offset} with {hdr.length} bytes of a "
-                                    f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes", peer=peer.rank)
+            else:
+                self._check_next(cur, hdr, None)
+            heapq.heappop(seqs)
             del stash[expected]
             self.stash_bytes -= hdr.length
             payload = s.payload
@@ -386,20 +468,19 @@ class Receiver:
                 cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
             elif cur.reduce is None and hdr.length:
                 dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
-                host.protect_range(dst)
+                peer.env.protect(dst)
                 dst[:] = payload
             self._applied(hdr, cur, payload)
 
-    def resume_parked(self, skip: Optional[Link] = None) -> None:
+    def resume_parked(self) -> None:
+        """Frames that could not be placed may fit now: apply the stash,
+        then bind the parked links' frames (reading goes on through poll,
+        or at once for what their buffers hold)."""
         self.apply_stash()
         for link in list(self.peer.links):
-            if link is not None and link.parked and link is not skip and link.hdr is not None:
-                try:
-                    if self.bind(link) and not len(link.sink):
-                        self.deliver(link)  # nothing to read: no poll event would come
-                    # otherwise reading resumes through poll
-                except ProtocolError as exc:
-                    self.peer.protocol_error(link, exc)
+            if link is not None and link.parked and link.hdr is not None:
+                if self.bind(link):
+                    self.peer.read_now(link)
 
 
 def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:
@@ -410,4 +491,3 @@ def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:
         return (f"collective #{m.msg} differs between rank {rank} and rank {peer} "
                 f"(operation, dtype, reduce op, root or shape: signature {m.sig:#010x} vs {hdr.sig:#010x})")
     return f"collective #{m.msg}: rank {peer} sends {hdr.arg} bytes where rank {rank} expects {m.nbytes}"
-

@@ -1,28 +1,24 @@
 """The outbound half of a peer: posted sends carved into frames on the
-active link(s), the replay of everything unacknowledged after a failover,
-and acknowledgements."""
+route to the peer (its active link(s), or a relay through a third rank),
+the replay of everything unacknowledged after the route changed, and
+acknowledgements."""
 
 from __future__ import annotations
 
 import collections
-import time
-from typing import TYPE_CHECKING, Deque, List
+from typing import Deque, List
 
-from ..protocol.frames import FLAG_ACK_NOW, Kind, pack_header
-from ..protocol.linkstate import Ev
+from ..protocol.frames import ACK, DATA, FLAG_ACK_NOW, pack_header
 from .io import POLLIN, POLLOUT
 from .link import Link, WireItem
 from .messages import OutMessage
-
-if TYPE_CHECKING:
-    from .peer import PeerChannel
 
 
 class Sender:
     def __init__(self, peer: "PeerChannel") -> None:
         self.peer = peer
         self.queue: Deque[OutMessage] = collections.deque()
-        #: every unacknowledged frame must be queued again (after a failover)
+        #: every unacknowledged frame must be queued again (the route changed)
         self.replay = False
         #: the peer waits for an acknowledgement: send one in this round
         self.ack_urgent = False
@@ -40,53 +36,64 @@ class Sender:
         if m in self.queue:
             self.queue.remove(m)
 
-    def _links(self) -> List[Link]:
+    def links(self) -> List[Link]:
+        """The links the peer's frames go on now (a relay's: the relay's own links)."""
         peer = self.peer
-        return [l for l in (peer.links[r] for r in peer.active) if l is not None]
+        if peer.relay is not None:
+            return peer.relay.links()
+        links = peer.links
+        return [l for l in (links[r] for r in peer.active) if l is not None]
 
     def pump(self) -> None:
-        """Carve ready bytes into frames on the active link(s), as far as the
-        watermark lets, and write."""
+        """Carve ready bytes into frames on the route, as far as the watermark
+        (and a relay's window) lets, and write."""
         peer = self.peer
-        links = self._links()
+        links = self.links()
         if not links:
             return
-        schan, rchan = peer.send, peer.recv
-        rails = peer.host.rails_word
+        relay = peer.relay
+        wrap = relay.wrap if relay is not None else None
+        outbound, inbound = peer.outbound, peer.inbound
+        env = peer.env
+        rails = env.rail_word.word
         if self.replay:
             self.replay = False
-            ack = rchan.cumulative_ack
-            for i, frame in enumerate(schan.unacked):
-                self.replayed_bytes += frame.length
-                link = links[i % len(links)]
-                link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, frame.msg, frame.offset, frame.length,
-                                                frame.sig, arg=frame.arg, flags=frame.flags, rails=rails), frame))
-            rchan.ack_sent_upto(ack)
+            ack = inbound.cumulative_ack
+            nlinks = len(links)
+            for i, frame in enumerate(outbound.unacked):
+                n = frame.length
+                self.replayed_bytes += n
+                header = pack_header(DATA, frame.seq, ack, frame.msg, frame.offset, n, frame.sig, arg=frame.arg,
+                                     flags=frame.flags, rails=rails)
+                links[i % nlinks].queue(WireItem(header if wrap is None else wrap(header, n), frame))
+            inbound.ack_sent_upto(ack)
         queue = self.queue
-        host = peer.host
-        chunk = host.config.chunk_bytes
-        copy_bytes = host.config.copy_bytes
-        watermark = host.watermark
+        config = env.config
+        chunk = config.chunk_bytes
+        copy_bytes = config.copy_bytes
+        watermark = env.watermark
+        window = relay.window if relay is not None else 0
+        rank = peer.rank
         while queue:
             m = queue[0]
             if m.carved >= m.ready and m.nbytes:
                 break
-            link = links[0] if len(links) == 1 else min(links, key=lambda l: l.out_bytes)
-            if link.out_bytes >= watermark:
+            link = links[0] if len(links) == 1 else min(links, key=_out_bytes)
+            if link.out_bytes >= watermark or (window and outbound.unacked_bytes >= window):
                 break
             n = min(chunk, m.ready - m.carved)
             off = m.carved
             copy = n <= copy_bytes
-            frame = schan.emit(m.msg, m.sig, off, m.view[off:off + n], copy=copy)
+            frame = outbound.emit(m.msg, m.sig, off, m.view[off:off + n], copy=copy)
             frame.arg = m.nbytes
             op = m.op
-            op.last_seq[peer.rank] = frame.seq
+            op.last_seq[rank] = frame.seq
             flags = 0 if copy and not op.need_ack else FLAG_ACK_NOW
             frame.flags = flags
-            ack = rchan.cumulative_ack
-            link.queue(WireItem(pack_header(Kind.DATA, frame.seq, ack, m.msg, off, n, m.sig, arg=m.nbytes,
-                                            flags=flags, rails=rails), frame))
-            rchan.ack_sent_upto(ack)
+            ack = inbound.cumulative_ack
+            header = pack_header(DATA, frame.seq, ack, m.msg, off, n, m.sig, arg=m.nbytes, flags=flags, rails=rails)
+            link.queue(WireItem(header if wrap is None else wrap(header, n), frame))
+            inbound.ack_sent_upto(ack)
             m.carved += n
             if m.carved == m.nbytes:
                 queue.popleft()
@@ -99,31 +106,42 @@ class Sender:
         try:
             emptied = link.flush()
         except OSError as exc:
-            from .peer import failure_event
-
-            self.peer.link_down(link, failure_event(exc), detail=f"send: {exc}")
+            self.peer.link_error(link, exc, "send")
             return
-        now = link.last_sent = time.monotonic()
+        env = self.peer.env
+        now = link.last_sent = env.clock.now()
         if link.pending_since is None:
             # bytes of ours wait for the peer kernel's ack from now: the peer
             # stays hot (watched) until a silence check saw them acknowledged
             link.pending_since = now
-            link.silent_at = now + self.peer.host.config.silent_timeout
+            link.silent_at = now + env.config.silent_timeout
         want = POLLIN if emptied else POLLIN | POLLOUT
         if link.parked:
             want &= ~POLLIN
-        self.peer.host.io.want(link, want)
+        env.io.want(link, want)
 
-    def control(self, link: Link, kind: int, arg: int = 0) -> None:
+    def control(self, link: Link, kind: int, arg: int = 0, prefix: bytes = b"") -> None:
         """Queue a control frame (it carries our cumulative ack) and write."""
-        rchan = self.peer.recv
-        link.queue_control(kind, rchan.cumulative_ack, arg=arg, rails=self.peer.host.rails_word)
-        rchan.ack_sent_upto(rchan.cumulative_ack)
+        inbound = self.peer.inbound
+        ack = inbound.cumulative_ack
+        link.queue_control(kind, ack, arg=arg, rails=self.peer.env.rail_word.word, prefix=prefix)
+        inbound.ack_sent_upto(ack)
         self.flush(link)
 
-    def send_ack(self) -> None:
-        links = self._links()
+    def send_control(self, kind: int, arg: int = 0) -> bool:
+        """A control frame to the peer on its route (relayed if it is);
+        False when there is no route."""
+        links = self.links()
         if not links:
-            return
+            return False
+        relay = self.peer.relay
+        self.control(links[0], kind, arg=arg, prefix=b"" if relay is None else relay.prefix(0))
+        return True
+
+    def send_ack(self) -> None:
         self.ack_urgent = False
-        self.control(links[0], Kind.ACK)
+        self.send_control(ACK)
+
+
+def _out_bytes(link: Link) -> int:
+    return link.out_bytes

@@ -75,6 +75,8 @@ class SendChannel:
         self.copied_bytes = 0  # bytes copied to keep replay possible (a metric)
         #: how many unacknowledged frames still point into caller memory
         self.zc = 0
+        #: payload bytes sent and not acknowledged yet
+        self.unacked_bytes = 0
 
     def emit(self, msg: int, sig: int, offset: int, payload: memoryview, copy: bool) -> OutFrame:
         if copy:
@@ -84,6 +86,7 @@ class SendChannel:
             self.zc += 1
         self.next_seq += 1
         self.unacked.append(frame)
+        self.unacked_bytes += len(payload)
         return frame
 
     @property
@@ -98,20 +101,16 @@ class SendChannel:
             raise ProtocolError(f"ack {ack} for a frame never sent (last {self.last_seq})")
         released = 0
         unacked = self.unacked
+        freed = 0
         while unacked and unacked[0].seq <= ack:
-            if unacked.popleft().zero_copy:
+            frame = unacked.popleft()
+            if frame.zero_copy:
                 self.zc -= 1
+            freed += len(frame.payload)
             released += 1
+        self.unacked_bytes -= freed
         self.acked = ack
         return released
-
-    def pending_replay(self, expected: int) -> List[OutFrame]:
-        """Frames to resend on a new link, given the peer expects ``expected`` next."""
-        if expected < self.acked + 1 or expected > self.next_seq:
-            raise ProtocolError(
-                f"peer expects seq {expected}, outside the window {self.acked + 1}..{self.next_seq}")
-        self.on_ack(expected - 1)
-        return list(self.unacked)
 
     def materialize(self, lo: int, hi: int) -> int:
         """Copy every zero-copy frame whose payload overlaps [lo, hi)."""
@@ -124,21 +123,6 @@ class SendChannel:
                 self.zc -= 1
         self.copied_bytes += copied
         return copied
-
-    def materialize_all(self) -> int:
-        copied = 0
-        for frame in self.unacked:
-            copied += frame.materialize()
-        self.zc = 0
-        self.copied_bytes += copied
-        return copied
-
-    def has_zero_copy(self) -> bool:
-        return self.zc > 0
-
-    @property
-    def inflight_bytes(self) -> int:
-        return sum(f.length for f in self.unacked)
 
 
 NEW, DUPLICATE, AHEAD = "new", "duplicate", "ahead"

@@ -11,13 +11,15 @@ Rules:
 - ``msg`` identifies the message a DATA frame belongs to; ``offset`` is the byte
   offset of its payload inside that message; ``sig`` is the signature of the
   operation that sent it, to catch ranks that disagree.
+- A RELAY frame carries one whole frame of another pair (its header and
+  payload) over one hop through a third rank; the pair's own ``seq`` and
+  ``ack`` travel inside it untouched, so they stay end to end.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
 
 from ..errors import ProtocolError
 
@@ -35,6 +37,9 @@ DEFAULT_MAX_PAYLOAD = 64 << 20
 #: header flag: the sender waits for this frame's ack (zero-copy memory, or an
 #: operation that completes on delivery), so acknowledge it at once
 FLAG_ACK_NOW = 1
+#: RELAY frame flag: the relay passed this frame on (``arg`` is its source);
+#: without it the frame is to be passed on (``arg`` is its destination)
+FLAG_PASSED = 2
 
 
 class Kind(enum.IntEnum):
@@ -50,26 +55,53 @@ class Kind(enum.IntEnum):
     NOTIFY_SILENT = 7
     #: "rank <arg> is lost": fail with it as the root cause (repeated while links remain)
     PEER_LOST = 8
+    #: a whole frame of another pair, passed on by a third rank: the payload is
+    #: that frame (its header and payload); ``arg`` is the rank at the other
+    #: end (the destination on the way to the relay, the source after it)
+    RELAY = 9
+    #: (relay) "I cannot pass your frames on to rank <arg>"
+    RELAY_UNREACH = 10
+    #: (relay) "frames I was passing on to rank <arg> were lost: send again"
+    RELAY_RESET = 11
 
 
-@dataclass(frozen=True)
+# plain ints for the data path (comparing IntEnum members costs more)
+DATA, ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, BYE, NOTIFY_SILENT, PEER_LOST, RELAY, RELAY_UNREACH, \
+    RELAY_RESET = (int(k) for k in Kind)
+
+
 class Header:
-    kind: int
-    flags: int
-    seq: int
-    ack: int
-    msg: int
-    offset: int
-    length: int
-    sig: int = 0
-    arg: int = 0
-    #: the sender's rails without carrier, a bitmask: level state that every
-    #: frame repeats, so a lost notification cannot leave a rail marked down
-    rails: int = 0
+    """One decoded frame header (see the module's rules)."""
+
+    __slots__ = ("kind", "flags", "seq", "ack", "msg", "offset", "length", "sig", "arg", "rails")
+
+    def __init__(self, kind: int, flags: int, seq: int, ack: int, msg: int, offset: int, length: int,
+                 sig: int = 0, arg: int = 0, rails: int = 0) -> None:
+        self.kind = kind
+        self.flags = flags
+        self.seq = seq
+        self.ack = ack
+        self.msg = msg
+        self.offset = offset
+        self.length = length
+        self.sig = sig
+        self.arg = arg
+        #: the sender's rails without carrier, a bitmask: level state that every
+        #: frame repeats, so a lost notification cannot leave a rail marked down
+        self.rails = rails
 
     def pack(self) -> bytes:
         return HEADER.pack(self.kind, self.flags, self.rails, self.sig, self.seq, self.ack,
                            self.msg, self.offset, self.length, self.arg)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Header) and self.pack() == other.pack()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Header(kind={self.kind}, seq={self.seq}, ack={self.ack}, msg={self.msg:#x}, "
+                f"offset={self.offset}, length={self.length}, arg={self.arg})")
 
 
 def pack_header(kind: int, seq: int, ack: int, msg: int = 0, offset: int = 0, length: int = 0,
@@ -77,23 +109,35 @@ def pack_header(kind: int, seq: int, ack: int, msg: int = 0, offset: int = 0, le
     return HEADER.pack(kind, flags, rails, sig, seq, ack, msg, offset, length, arg)
 
 
-def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
-    """Decode and check one header: ProtocolError for a short buffer, an
-    unknown kind, a control frame with a payload, or a payload larger than
-    ``max_payload`` (the configured ``max_frame_bytes``), so no length field
-    makes a reader allocate past that bound. Where a frame's seq, ack and
-    offset belong is checked against the channel and the message (channel,
-    engine), which know them."""
-    if len(buf) < HEADER_SIZE:
-        raise ProtocolError(f"short frame header: {len(buf)} bytes")
-    kind, flags, rails, sig, seq, ack, msg, offset, length, arg = HEADER.unpack_from(buf)
+_unpack_from = HEADER.unpack_from
+
+
+def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD, pos: int = 0) -> Header:
+    """Decode and check one header (at ``pos`` of ``buf``): ProtocolError for
+    a short buffer, an unknown kind, a control frame with a payload, or a
+    payload larger than ``max_payload`` (the configured ``max_frame_bytes``;
+    a RELAY frame carries a whole frame: its header more), so no length
+    field makes a reader allocate past that bound. Where a frame's seq, ack
+    and offset belong is checked against the channel and the message
+    (channel, engine), which know them."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise ProtocolError(f"short frame header: {len(buf) - pos} bytes")
+    kind, flags, rails, sig, seq, ack, msg, offset, length, arg = _unpack_from(buf, pos)
+    if length:
+        if kind == DATA:
+            if length > max_payload:
+                raise ProtocolError(f"DATA frame of {length} bytes exceeds the bound of {max_payload} "
+                                    f"(LINKESCAPE_MAX_FRAME_BYTES)")
+        elif kind == RELAY:
+            if length > max_payload + HEADER_SIZE or length < HEADER_SIZE:
+                raise ProtocolError(f"RELAY frame of {length} bytes: a frame is {HEADER_SIZE} to "
+                                    f"{max_payload + HEADER_SIZE} bytes (LINKESCAPE_MAX_FRAME_BYTES)")
+        elif kind in _KINDS:
+            raise ProtocolError(f"control frame {Kind(kind).name} carries {length} payload bytes")
     if kind not in _KINDS:
         raise ProtocolError(f"unknown frame kind {kind}")
-    if kind != Kind.DATA and length:
-        raise ProtocolError(f"control frame {Kind(kind).name} carries {length} payload bytes")
-    if length > max_payload:
-        raise ProtocolError(f"DATA frame of {length} bytes exceeds the bound of {max_payload} "
-                            f"(LINKESCAPE_MAX_FRAME_BYTES)")
+    if kind == RELAY and not length:
+        raise ProtocolError("RELAY frame without a frame in it")
     return Header(kind, flags, seq, ack, msg, offset, length, sig, arg, rails)
 
 

@@ -75,6 +75,18 @@ class LinkStatus:
     next_probe: float = 0.0
     backoff: float = 0.0
 
+    def await_first(self, now: float) -> None:
+        """Not opened yet (a backup opened after start-up): down, to be
+        dialed at once, without counting as a failure."""
+        self.state = State.DOWN
+        self.since = now
+        self.next_probe = now
+        self.backoff = 0.0
+
+    @property
+    def never_up(self) -> bool:
+        return self.up_since is None and self.failures == 0
+
     def apply(self, ev: Ev, now: float, *, backoff_min: float = 0.05, backoff_max: float = 1.0) -> bool:
         """Apply an event; returns True when the state changed."""
         key = (self.state, ev)
@@ -132,12 +144,6 @@ class PathPolicy:
         if others:
             return [others[0]]
         return (clean or up)[:1]
-
-    def next_holddown_end(self, links: Sequence[LinkStatus], now: float) -> Optional[float]:
-        ends = [l.up_since + self.holddown for l in links
-                if l.state is State.UP and l.failures and l.up_since is not None
-                and now - l.up_since < self.holddown]
-        return min(ends) if ends else None
 
 
 __all__ = ["State", "Ev", "LinkStatus", "PathPolicy", "TransitionError"]

@@ -24,6 +24,8 @@ from ..protocol.handshake import DialerHandshake, Established
 log = logging.getLogger("linkescape.transport")
 
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
+#: Linux 6.15+: the socket's minimum retransmission timeout, in microseconds
+TCP_RTO_MIN_US = getattr(socket, "TCP_RTO_MIN_US", 45)
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
@@ -47,6 +49,16 @@ def tune(sock: socket.socket, config: Config) -> None:
     # giving up there would take a live path for a dead one.
     user_timeout_ms = int(max(25 * config.silent_timeout, 5.0) * 1000)
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms)
+    # A packet lost on a rail (a shaper's queue overflowing under a replay
+    # burst, a lossy optic) costs a retransmission timeout, never less than
+    # 200 ms by default, doubling each time: a rail's round trip is tens of
+    # microseconds. Where the kernel allows it per socket, the floor is
+    # LINKESCAPE_TCP_RTO_MIN_MS (the smoothed RTT estimate still applies).
+    if config.tcp_rto_min:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, int(config.tcp_rto_min * 1e6))
+        except OSError:
+            pass  # an older kernel: its default floor
     # Keepalive only reaps a socket whose peer vanished while nothing was
     # sent for long: the engine's own probes find a silent idle link. So it
     # is rare (a packet a minute per idle link), not a per-link heartbeat.

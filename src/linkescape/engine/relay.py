@@ -1,0 +1,210 @@
+"""Relay: two ranks that share no healthy rail go on through a third.
+
+When a peer B has no rail left (``NoPath``) and some other rank C has a live
+link to us, our frames for B go to C inside RELAY frames, and C passes each
+one on to B on its own link (``Forward``); B hands it to its channel of us
+(``Relayed``). Sequence numbers and cumulative acks are those of the pair
+A-B, untouched by C, so replay and exactly-once hold across any change of
+path: after one, everything unacknowledged is sent again on the new path,
+and B drops what it has.
+
+Choosing C (``RelayRouter.choose``): among the peers with a live link to us
+that did not refuse B lately, the one with the fewest relayed pairs (what it
+advertises in its heartbeats, plus the pairs we route through it), ties
+broken by a hash of the pair, so several broken pairs spread over several
+ranks and the two ends of a pair tend to pick the same one.
+
+What C holds (``RelayRouter.admit`` / ``forward``): frame by frame, never a
+whole message, at most ``window`` bytes per relayed pair; a frame beyond it
+waits in the source's socket (its link parks). A frame for a rank C has no
+link to is dropped and the source is told (RELAY_UNREACH); a link of C's to
+B that fails takes the frames it held with it, and every source relaying
+to B through C is told to send again (RELAY_RESET).
+
+End to end, each side of a relayed pair sends a relayed heartbeat every
+heartbeat interval; a relay that carried nothing from the peer for
+``RELAY_SILENT`` seconds is abandoned (another C is chosen, or the pair
+waits), so a relay never hides a dead peer nor makes a live one look lost.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+from ..protocol.frames import FLAG_PASSED, HEADER_SIZE, RELAY, RELAY_RESET, RELAY_UNREACH, pack_header
+from ..protocol.linkstate import State
+from .link import Link, WireItem
+
+#: seconds a rank that refused to relay to a peer is not asked again
+REFUSAL_MEMORY = 2.0
+
+
+class RelayPath:
+    """Our route to ``dst`` through the peer ``via``: its links carry our
+    frames for ``dst`` wrapped in RELAY frames."""
+
+    def __init__(self, via: "PeerChannel", dst: int, rail_word, window: int, now: float) -> None:
+        self.via_peer = via
+        self.via = via.rank
+        self.dst = dst
+        self.rail_word = rail_word
+        self.window = window
+        #: bytes of ours passed to ``via`` for ``dst`` (frames and headers)
+        self.bytes = 0
+        self.last_sent = now
+        #: a frame of ``dst``'s came back through a relay: the path works
+        self.confirmed = False
+
+    def links(self) -> List[Link]:
+        via = self.via_peer
+        if via.relay is not None or via.lost is not None:
+            return []  # never a relay of a relay
+        links = via.links
+        return [l for l in (links[r] for r in via.active) if l is not None]
+
+    def prefix(self, payload: int) -> bytes:
+        """The RELAY header of a frame with ``payload`` bytes."""
+        self.bytes += 2 * HEADER_SIZE + payload
+        return pack_header(RELAY, 0, 0, arg=self.dst, length=HEADER_SIZE + payload, rails=self.rail_word.word)
+
+    def wrap(self, header: bytes, payload: int) -> bytes:
+        return self.prefix(payload) + header
+
+
+class _Relayed:
+    """A frame held by the relay on its way (an OutFrame look-alike for WireItem)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: memoryview) -> None:
+        self.payload = payload
+
+    @property
+    def length(self) -> int:
+        return len(self.payload)
+
+
+class RelayRouter:
+    """Both roles of a rank in relays: the end of a pair that chooses a relay,
+    and the relay that passes other pairs' frames on."""
+
+    def __init__(self, rank: int, peers: Dict[int, "PeerChannel"], rail_word, window: int, clock) -> None:
+        self.rank = rank
+        self.peers = peers
+        self.rail_word = rail_word
+        self.window = window
+        self.clock = clock
+        #: (src, dst) -> bytes held for that pair now
+        self.held: Dict[Tuple[int, int], int] = {}
+        #: (src, dst) -> bytes passed on in all (a metric)
+        self.passed: Dict[Tuple[int, int], int] = {}
+        #: (src, dst) -> when we last passed a frame of that pair on
+        self.active: Dict[Tuple[int, int], float] = {}
+        #: peers waiting for the window of a pair to open (their link is parked)
+        self.blocked: set = set()
+        #: dst -> via, the relays we route through now (ends of pairs)
+        self.routes: Dict[int, int] = {}
+        #: (dst, via) -> when via refused dst
+        self.refusals: Dict[Tuple[int, int], float] = {}
+        #: pairs whose relays were torn down, with the bytes they carried (for the metric)
+        self.sent_total: Dict[Tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------ as an end of a pair
+    def choose(self, dst: int) -> Optional[RelayPath]:
+        """A relay for our traffic to ``dst``, or None when no rank can be one."""
+        now = self.clock.now()
+        best = None
+        for rank, peer in self.peers.items():
+            if rank == dst or peer.lost is not None or peer.relay is not None or not peer.active:
+                continue
+            if now - self.refusals.get((dst, rank), -REFUSAL_MEMORY) < REFUSAL_MEMORY:
+                continue
+            if not any(l is not None and peer.status[l.rail].state is State.UP for l in peer.links):
+                continue
+            load = peer.relay_load + sum(1 for v in self.routes.values() if v == rank)
+            key = (load, zlib.crc32(f"{min(self.rank, dst)}:{max(self.rank, dst)}:{rank}".encode()))
+            if best is None or key < best[0]:
+                best = (key, peer)
+        if best is None:
+            return None
+        via = best[1]
+        self.routes[dst] = via.rank
+        return RelayPath(via, dst, self.rail_word, self.window, now)
+
+    def refused(self, dst: int, via: int) -> None:
+        self.refusals[(dst, via)] = self.clock.now()
+        if self.routes.get(dst) == via:
+            del self.routes[dst]
+
+    def ended(self, dst: int, path: RelayPath) -> None:
+        if self.routes.get(dst) == path.via:
+            del self.routes[dst]
+        key = (dst, path.via)
+        self.sent_total[key] = self.sent_total.get(key, 0) + path.bytes
+
+    def relayed_through(self, via: int) -> List[int]:
+        """The peers we route through ``via`` now."""
+        return [dst for dst, v in self.routes.items() if v == via]
+
+    # ------------------------------------------------------------ as the relay
+    def admit(self, src: int, dst: int, nbytes: int) -> bool:
+        """May a frame of ``src`` for ``dst`` be read now (the pair's window)?"""
+        held = self.held.get((src, dst), 0)
+        if held and held + nbytes > self.window:
+            self.blocked.add(src)
+            return False
+        self.held[(src, dst)] = held + nbytes
+        return True
+
+    def forward(self, src: int, dst: int, frame: memoryview) -> Optional[Link]:
+        """Pass a frame of ``src`` on to ``dst``; the link it was queued on,
+        or None (no link to ``dst``: dropped, the source must be told)."""
+        key = (src, dst)
+        n = len(frame)
+        peer = self.peers.get(dst)
+        links = [] if peer is None or peer.lost is not None else \
+            [l for l in (peer.links[r] for r in peer.active) if l is not None]
+        if not links:
+            self._release(key, n)
+            return None
+        link = links[0] if len(links) == 1 else min(links, key=lambda l: l.out_bytes)
+        header = pack_header(RELAY, 0, 0, arg=src, length=n, flags=FLAG_PASSED, rails=self.rail_word.word)
+        link.queue(WireItem(header, _Relayed(frame), on_sent=lambda: self._release(key, n)))
+        self.passed[key] = self.passed.get(key, 0) + n
+        self.active[key] = self.clock.now()
+        return link
+
+    def _release(self, key: Tuple[int, int], n: int) -> None:
+        left = self.held.get(key, 0) - n
+        if left > 0:
+            self.held[key] = left
+        else:
+            self.held.pop(key, None)
+
+    def sources_for(self, dst: int) -> List[int]:
+        """Ranks whose frames we passed on to ``dst`` lately."""
+        now = self.clock.now()
+        return [s for (s, d), t in self.active.items() if d == dst and now - t < 10.0]
+
+    def pairs(self) -> int:
+        """Pairs relayed through us in the last 10 s (advertised in heartbeats)."""
+        now = self.clock.now()
+        for key in [k for k, t in self.active.items() if now - t >= 10.0]:
+            del self.active[key]
+        return len(self.active)
+
+    def take_unblocked(self) -> List[int]:
+        """Sources whose parked links may read again (some window opened)."""
+        if not self.blocked:
+            return []
+        out = [s for s in self.blocked if all(self.held.get((s, d), 0) < self.window for d in self._dsts(s))]
+        for s in out:
+            self.blocked.discard(s)
+        return out
+
+    def _dsts(self, src: int) -> List[int]:
+        return [d for (s, d) in self.held if s == src]
+
+
+__all__ = ["RelayPath", "RelayRouter", "FLAG_PASSED", "RELAY_UNREACH", "RELAY_RESET"]

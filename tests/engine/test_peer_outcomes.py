@@ -1,0 +1,300 @@
+"""A PeerChannel on its own, over socket pairs and a fake clock: what it
+reports (outcomes) for what happens to it. Detection, hold-down, fail-back,
+relays and the bounds on what a frame may make it allocate, in virtual
+milliseconds, with no engine around it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from linkescape.config import Config
+from linkescape.engine.clock import FakeClock
+from linkescape.engine.io import POLLIN, IoSet
+from linkescape.engine.link import Link
+from linkescape.engine.messages import InMessage, Op, OutMessage
+from linkescape.engine.outcomes import (Emit, Fatal, LinkDown, LinkUp, NoPath, PathBack, RecvDone, Redial)
+from linkescape.engine.peer import Matcher, PeerChannel, PeerEnv
+from linkescape.engine.relay import RelayRouter
+from linkescape.protocol.frames import (DATA, HEADER_SIZE, HEARTBEAT, P2P_FLAG, pack_header, unpack_header)
+from linkescape.protocol.grey import RailRate
+from linkescape.protocol.linkstate import PathPolicy
+from linkescape.protocol.railstate import RailWord
+
+
+class Kernel:
+    """What the kernel says of a socket's acknowledgements (TCP_INFO), as a test sets it."""
+
+    def __init__(self) -> None:
+        self.silence = {}
+
+    def __call__(self, sock):
+        return self.silence.get(sock.fileno())
+
+
+class Rig:
+    def __init__(self, nrails: int = 2, **cfg) -> None:
+        self.clock = FakeClock()
+        self.kernel = Kernel()
+        self.config = Config(failback_holddown=1.0, **cfg)
+        self.io = IoSet()
+        self.matcher = Matcher()
+        self.peers = {}
+        self.rail_word = RailWord()
+        self.relays = RelayRouter(0, self.peers, self.rail_word, self.config.relay_window, self.clock)
+        self.env = PeerEnv(0, nrails, self.config, self.clock, self.io, PathPolicy(holddown=1.0), self.rail_word,
+                           [RailRate() for _ in range(nrails)], self.matcher, lambda view: None,
+                           self.relays.admit, tcp_probe=self.kernel)
+        self.peer = PeerChannel(1, self.env)
+        self.peers[1] = self.peer
+        self.remote = {}
+        self.links = {}
+        for rail in range(nrails):
+            self.open(rail)
+
+    def open(self, rail: int, peer_expected=None):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        link = Link(a, 1, rail, 1, self.clock.now())
+        self.remote[rail] = b
+        self.links[rail] = link
+        return self.peer.open_link(link, peer_expected)
+
+    def send(self, rail: int, *frames: bytes) -> list:
+        self.remote[rail].sendall(b"".join(frames))
+        return list(self.peer.on_event(self.links[rail], POLLIN))
+
+    def frames_at_remote(self, rail: int) -> list:
+        data = b""
+        while True:
+            try:
+                chunk = self.remote[rail].recv(1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        out, pos = [], 0
+        while pos + HEADER_SIZE <= len(data):
+            h = unpack_header(data[pos:pos + HEADER_SIZE])
+            out.append(h)
+            pos += HEADER_SIZE + h.length
+        return out
+
+    def close(self) -> None:
+        for s in self.remote.values():
+            s.close()
+        for link in self.links.values():
+            link.close()
+        self.io.close()
+
+
+@pytest.fixture
+def rig():
+    r = Rig()
+    yield r
+    r.close()
+
+
+def events(outcomes):
+    return [(o.event, o.rail, o.cause) for o in outcomes if isinstance(o, Emit)]
+
+
+def test_start_up_links_report_link_up_and_the_primary_carries(rig):
+    assert rig.peer.active == [0]
+    assert [o for o in rig.open(1) if isinstance(o, LinkUp)] == [LinkUp(1)]
+
+
+def test_silence_is_found_after_the_silent_timeout_in_virtual_time(rig):
+    link = rig.links[0]
+    rig.peer.probe(0, rig.clock.now())  # a heartbeat waits for the peer kernel's ack from now
+    rig.kernel.silence[link.fd] = 0.0  # ... and none has come
+    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out)
+    assert due == pytest.approx(rig.clock.now() + 0.2)
+    rig.clock.advance_ms(150)
+    rig.kernel.silence[link.fd] = 0.15
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out)
+    rig.clock.advance_ms(60)
+    rig.kernel.silence[link.fd] = 0.21
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert ("link_down", 0, "timeout") in events(out)
+    assert ("failover", 1, "timeout") in events(out)
+    assert any(isinstance(o, LinkDown) and o.link is link for o in out)
+    assert any(isinstance(o, Redial) for o in out)
+    assert rig.peer.active == [1]
+    # the other end is told over the surviving rail
+    assert [h.arg for h in rig.frames_at_remote(1) if h.kind == 7] == [0]
+
+
+def test_an_acknowledged_link_is_never_silent(rig):
+    link = rig.links[0]
+    rig.peer.probe(0, rig.clock.now())
+    rig.kernel.silence[link.fd] = None  # the kernel acknowledged everything
+    rig.clock.advance(5.0)
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out) and link.pending_since is None
+
+
+def test_heartbeats_while_engaged_are_due_every_interval(rig):
+    op = Op(1, "t", 1e9)
+    m = InMessage(op, 1, 5, 0, 8, dst=memoryview(bytearray(8)))
+    rig.peer.post_recv(m)  # a receive is posted: the peer is engaged
+    rig.frames_at_remote(0)
+    now = rig.clock.now()
+    due, _ = rig.peer.tick(now, False, now + 1, False)
+    assert due <= now + 0.05 + 1e-9
+    rig.clock.advance_ms(49)
+    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not [h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT]
+    rig.clock.advance_ms(2)
+    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert [h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT]
+
+
+def test_the_peers_rail_word_takes_its_rail_down_at_once(rig):
+    out = rig.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))  # its NIC on rail 0 lost carrier
+    assert ("link_down", 0, "peer_carrier") in events(out)
+    assert rig.peer.active == [1]
+
+
+def test_fail_back_waits_for_the_hold_down_in_virtual_time(rig):
+    rig.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
+    assert rig.peer.active == [1]
+    rig.clock.advance_ms(300)
+    out = rig.open(0, peer_expected=1)  # re-dialed and accepted
+    assert ("link_up", 0, "peer_carrier") in events(out)
+    assert rig.peer.active == [1]  # the primary waits out its hold-down
+    rig.clock.advance_ms(999)
+    assert not events(rig.peer.failback(rig.clock.now()))
+    rig.clock.advance_ms(2)
+    out = rig.peer.failback(rig.clock.now())
+    assert ("failback", 0, None) in events(out) and rig.peer.active == [0]
+
+
+def test_no_rail_left_is_no_path_and_a_relay_carries_until_a_rail_is_back():
+    r = Rig(nrails=1)
+    try:
+        via_link_a, via_link_b = socket.socketpair()
+        via = PeerChannel(2, r.env)
+        r.peers[2] = via
+        via.open_link(Link(via_link_a, 2, 0, 1, r.clock.now()))
+        out = r.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
+        assert any(isinstance(o, NoPath) for o in out)
+        assert r.peer.no_path_since is not None
+        path = r.relays.choose(1)
+        assert path is not None and path.via == 2
+        out = r.peer.use_relay(path)
+        assert not events(out)  # tried, not yet known to work
+        assert r.peer.no_path_since is not None
+        # the peer's own frames come back through a relay: the path works
+        out = r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+        assert ("relay_on", -1, None) in events(out) and any(isinstance(o, PathBack) for o in out)
+        assert r.peer.no_path_since is None
+        # our frames for rank 1 now go to rank 2 inside RELAY frames
+        data = via_link_b.recv(1 << 16)
+        outer = unpack_header(data[:HEADER_SIZE])
+        assert outer.kind == 9 and outer.arg == 1
+        # the rail returns; the relay carries through the hold-down, then traffic is direct again
+        r.clock.advance_ms(100)
+        r.open(0, peer_expected=1)
+        assert r.peer.relay is not None
+        r.clock.advance_ms(1001)
+        out = r.peer.failback(r.clock.now())
+        assert ("relay_off", -1, "path_back") in events(out)
+        assert r.peer.relay is None and r.peer.active == [0]
+        via_link_b.close()
+        via_link_a.close()
+    finally:
+        r.close()
+
+
+def test_a_relay_that_carries_nothing_from_the_peer_for_a_second_is_left():
+    r = Rig(nrails=1)
+    try:
+        a, b = socket.socketpair()
+        via = PeerChannel(2, r.env)
+        r.peers[2] = via
+        via.open_link(Link(a, 2, 0, 1, r.clock.now()))
+        r.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
+        r.peer.use_relay(r.relays.choose(1))
+        r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+        r.clock.advance_ms(900)
+        _, out = r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+        assert not any(e[0] == "relay_off" for e in events(out))
+        r.clock.advance_ms(200)
+        _, out = r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+        assert ("relay_off", -1, "timeout") in events(out)
+        assert r.peer.relay is None
+        a.close()
+        b.close()
+    finally:
+        r.close()
+
+
+def test_a_hostile_unexpected_p2p_header_allocates_nothing_past_the_bound(rig):
+    # one header announcing a 4 GiB point-to-point message nobody posted
+    out = rig.send(0, pack_header(DATA, 1, 0, msg=P2P_FLAG | 7, offset=0, length=1024, arg=(1 << 32) - 1))
+    assert not [o for o in out if isinstance(o, Fatal)]
+    assert rig.peer.receiver.unexpected_bytes == 0
+    assert rig.links[0].parked  # the sender waits until a receive is posted
+
+
+def test_unexpected_p2p_messages_are_bounded_in_count():
+    r = Rig(max_unexpected=3)
+    try:
+        frames = [pack_header(DATA, seq, 0, msg=P2P_FLAG | seq, offset=0, length=4, arg=4) + b"abcd"
+                  for seq in range(1, 6)]
+        r.send(0, *frames)
+        assert r.peer.receiver.unexpected_count == 3
+        assert r.links[0].parked
+        # a receive for the 4th tag... the first three are taken by their receives
+        op = Op(1, "recv", 1e9, collective=False)
+        for tag in (1, 2, 3):
+            m = InMessage(op, 1, P2P_FLAG | tag, 0, 4, dst=memoryview(bytearray(4)))
+            r.peer.post_recv(m)
+        out = r.peer.resume()
+        assert r.peer.receiver.unexpected_count == 2  # the parked 4th and the 5th came in
+        assert not r.links[0].parked
+    finally:
+        r.close()
+
+
+def test_zero_length_frames_ahead_are_bounded_in_count_and_applied_in_one_pass():
+    r = Rig(max_stash_frames=100)
+    try:
+        # seq 1 never comes on this link; 2..400 are zero-length frames ahead of it
+        frames = [pack_header(DATA, seq, 0, msg=1, offset=0, length=0, arg=0) for seq in range(2, 401)]
+        r.send(0, *frames)
+        r.clock.advance_ms(10)
+        r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+        r.peer.on_event(r.links[0], POLLIN)
+        assert len(r.peer.receiver.stash) <= 100
+    finally:
+        r.close()
+
+
+def test_a_frame_for_a_posted_receive_reports_recv_done(rig):
+    op = Op(1, "t", 1e9)
+    buf = bytearray(4)
+    m = InMessage(op, 1, 1, 0, 4, dst=memoryview(buf))
+    op.recvs.append(m)
+    op.pending_recvs = 1
+    rig.matcher.coll_started = 1
+    rig.peer.post_recv(m)
+    out = rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")
+    assert [o for o in out if isinstance(o, RecvDone)] == [RecvDone(m)]
+    assert bytes(buf) == b"wxyz"
+
+
+def test_sends_are_carved_into_frames_on_the_active_link(rig):
+    op = Op(1, "t", 1e9)
+    m = OutMessage(op, 1, 1, 0, memoryview(b"0123456789"))
+    rig.peer.post_send(m)
+    rig.peer.pump()
+    got = [h for h in rig.frames_at_remote(0) if h.kind == DATA]
+    assert [(h.seq, h.length) for h in got] == [(1, 10)]
+    assert rig.peer.outbound.unacked_bytes == 10
