@@ -19,7 +19,8 @@ FLOORS = [
     {"algorithms", "flight", "metrics", "metrics_server"},  # what the communicator uses
     {"communicator", "rendezvous"},
 ]
-SHARED = {"errors", "config", "events", "log", "store", "auth", "ops"}
+# (jsonl and extras import nothing of linkescape)
+SHARED = {"errors", "config", "events", "log", "store", "auth", "ops", "jsonl", "extras"}
 
 
 def _floor(top: str) -> int:

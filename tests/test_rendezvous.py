@@ -100,7 +100,7 @@ def test_start_up_dials_retry_then_name_the_peer_they_cannot_reach():
         peers = {0: [addr]}
         t0 = time.monotonic()
         with pytest.raises(RendezvousError) as err:
-            setup._dial_all(peers, 1, time.monotonic() + 0.6, {})
+            setup._dial_all(peers, [0], time.monotonic() + 0.6, {})
         assert list(err.value.missing) == [0] and "could not reach rank 0" in str(err.value)
         assert 0.2 < time.monotonic() - t0 < 5  # retried with backoff (0.01 s doubling) until the deadline, not at once
     finally:

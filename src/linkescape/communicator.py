@@ -145,6 +145,9 @@ class Communicator:
             watch_signal(self._flight)
         self._metrics = None
         if self.config.metrics_port is not None:  # prometheus_client is imported only then
+            from .extras import require
+
+            require(["prometheus_client"], "metrics", "LINKESCAPE_METRICS_PORT")
             from .metrics_server import attach
 
             self._metrics = attach(self, self._flight)
@@ -172,7 +175,9 @@ class Communicator:
         self._driver = Driver(eng)
         now = eng.clock.now()
         with self._driver.locked():
-            eng.open_links([Link(sock, peer, rail, 1, now) for (peer, rail), sock in sorted(socks.items())])
+            keys = setup.link_keys if self.config.frame_auth else {}
+            eng.open_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)))
+                            for (peer, rail), sock in sorted(socks.items())])
             eng.await_links([(peer, rail) for peer in eng.peers for rail in range(len(self.rail_addrs))
                              if (peer, rail) not in socks])
         # Recovery waits on the acceptor (not the bare listeners): incoming

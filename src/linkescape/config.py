@@ -155,6 +155,7 @@ _ENV = {
     "LINKESCAPE_MAX_UNEXPECTED": ("max_unexpected", lambda v, n: _count(v, n)),
     "LINKESCAPE_RELAY_WINDOW": ("relay_window", _size),
     "LINKESCAPE_TCP_RTO_MIN_MS": ("tcp_rto_min", lambda v, n: _millis_or_zero(v, n)),
+    "LINKESCAPE_FRAME_AUTH": ("frame_auth", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
     "LINKESCAPE_EAGER_BACKUPS": ("eager_backups", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
 }
 
@@ -234,6 +235,8 @@ class Config:
     #: the links' minimum TCP retransmission timeout, seconds (0: the
     #: kernel's, 200 ms); set per socket where the kernel allows it (6.15+)
     tcp_rto_min: float = 0.01
+    #: a MAC on every frame, keyed per link from its handshake (every rank the same)
+    frame_auth: bool = False
     #: open the backup rails' links before start-up returns (default: the
     #: primary rail's, then the backups right after, off the caller's path)
     eager_backups: bool = False

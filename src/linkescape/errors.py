@@ -110,6 +110,13 @@ class ProtocolError(LinkEscapeError):
 
 
 # ------------------------------------------------------------ runtime failures
+
+class FrameAuthError(ProtocolError):
+    """A frame failed its MAC (``LINKESCAPE_FRAME_AUTH``): forged, altered or
+    out of place on the path. It costs that link (re-dialed, replayed), never
+    the job: it is not the peer's fault, so it does not count toward the
+    limit of links a peer may break."""
+
 class CommTimeout(LinkEscapeError, TimeoutError):
     """An operation did not complete within the configured timeout."""
 

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
 
+from . import jsonl
+
 # ----------------------------------------------------------------- contract
 LINK_DOWN = "link_down"
 FAILOVER = "failover"
@@ -189,21 +191,15 @@ class EventLog:
 
 def read_events(path: str) -> List[Dict[str, Any]]:
     """Parse an events file (for tests and the CLI); skips a torn last line."""
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    return jsonl.read(path)
 
 
 __all__ = [
     "EventLog", "read_events", "expand_path", "EVENTS", "CAUSES", "FIELDS", "ENV_VAR",
     "LINK_DOWN", "FAILOVER", "LINK_UP", "FAILBACK", "NO_PATH", "PEER_LOST",
-    "CARRIER", "PEER_CARRIER", "SOCKET_ERROR", "TIMEOUT", "PROTOCOL_ERROR", "DEGRADED",
+    "RELAY_ON", "RELAY_OFF",
+    "CARRIER", "PEER_CARRIER", "SOCKET_ERROR", "TIMEOUT", "PROTOCOL_ERROR", "DEGRADED", "PATH_BACK", "UNREACHABLE",
+    "VIA_LOST",
 ]

@@ -193,6 +193,8 @@ class LinkSetup:
         self._flag_at = 0.0
         self._auth_seen = 0
         self._rails: set = set(range(len(rail_addrs)))
+        #: (peer, rail) -> the key of that link alone (frame MACs)
+        self.link_keys: Dict[Tuple[int, int], bytes] = {}
 
     @property
     def addresses(self) -> List[Tuple[str, int]]:
@@ -263,6 +265,7 @@ class LinkSetup:
                         if old is not None:  # the dialer gave up on it and dialed again
                             old.close()
                         self.accepted[(link.peer, link.rail)] = link.sock
+                        self.link_keys[(link.peer, link.rail)] = link.link_key
                         self._cv.notify_all()
                 seen = sum(acc.auth_failures.values())
                 self._check_flag(force=seen != self._auth_seen)
@@ -357,6 +360,7 @@ class LinkSetup:
                         continue
                     if dial.done:  # a near peer: established in the first step
                         out[key] = dial.sock
+                        self.link_keys[key] = dial.established.link_key
                         continue
                     live[dial.fileno()] = (key, dial)
                 if not live:
@@ -386,6 +390,7 @@ class LinkSetup:
                     if done:
                         del live[fd]
                         out[key] = dial.sock
+                        self.link_keys[key] = dial.established.link_key
                 if self._abort is not None:
                     raise self._abort
         finally:

@@ -429,6 +429,7 @@ class Engine:
         if self.closed:
             raise CommClosed("communicator is closed")
         peers = self.peers
+        closed = None
         for m in op.sends:
             peer = peers[m.peer]
             if peer.lost is not None:
@@ -439,7 +440,10 @@ class Engine:
                 continue
             peer = peers[m.peer]
             if peer.lost is not None:
-                raise peer.lost
+                if not peer.closed_by_peer:
+                    raise peer.lost
+                # it said BYE after sending everything: what it sent may still be taken
+                closed = (closed or []) + [peer]
             op.peers.add(m.peer)
         for m in op.sends:
             peers[m.peer].post_send(m)
@@ -451,6 +455,8 @@ class Engine:
         self.ops.add(op)
         if op.collective:
             self.matcher.coll_started = op.seq
+        for peer in closed or ():
+            self.ops.fail_needing(peer, peer.lost)
         for p in op.peers:
             peer = peers[p]
             peer.resume_wanted = True

@@ -16,6 +16,7 @@ import errno
 import socket
 from typing import Callable, Deque, Optional
 
+from ..protocol.framemac import TAG_SIZE, FrameMac
 from ..protocol.frames import (ACK, DEFAULT_MAX_PAYLOAD, HEADER_SIZE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT,
                                NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH, Header, pack_header,
                                unpack_header)
@@ -35,9 +36,11 @@ class WireItem:
     """A frame queued on a link: its header bytes (two headers for a relayed
     frame) and, for a frame with a payload, what holds the payload (an
     OutFrame, whose payload may become a copy while queued: it is read at
-    write time). ``on_sent`` runs once the whole item is written."""
+    write time). ``on_sent`` runs once the whole item is written. On a link
+    with frame MACs, ``tag`` is set when the item's turn to be written comes
+    (its place on the link is then fixed)."""
 
-    __slots__ = ("header", "frame", "pos", "total", "on_sent")
+    __slots__ = ("header", "frame", "pos", "total", "on_sent", "tag")
 
     def __init__(self, header: bytes, frame=None, on_sent: Optional[Callable[[], None]] = None) -> None:
         self.header = header
@@ -45,6 +48,24 @@ class WireItem:
         self.pos = 0
         self.total = len(header) + (frame.length if frame is not None else 0)
         self.on_sent = on_sent
+        self.tag: Optional[bytes] = None
+
+    def parts(self) -> list:
+        """The item's bytes from ``pos`` on, as buffers."""
+        bufs = [memoryview(self.header)]
+        if self.frame is not None:
+            bufs.append(self.frame.payload)
+        if self.tag is not None:
+            bufs.append(memoryview(self.tag))
+        pos = self.pos
+        while pos:
+            n = len(bufs[0])
+            if pos < n:
+                bufs[0] = bufs[0][pos:]
+                break
+            pos -= n
+            bufs.pop(0)
+        return bufs
 
 
 class LinkClosed(Exception):
@@ -55,9 +76,10 @@ class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "out", "out_bytes", "rbuf", "rview", "rpos", "rend",
                  "hdr", "sink", "sink_got", "parked", "staging", "last_sent", "bytes_sent", "bytes_received",
                  "binding", "pending_since", "silent_at", "grey", "parked_at", "frames_sent",
-                 "frames_received", "open")
+                 "frames_received", "open", "mac", "whole")
 
-    def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float):
+    def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float,
+                 mac_key: Optional[bytes] = None):
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
@@ -89,9 +111,15 @@ class Link:
         self.frames_received = 0
         self.binding = None  # what the current payload is for (set by the receiver)
         self.grey = None  # its goodput watch (set by its peer)
+        #: frame MACs (LINKESCAPE_FRAME_AUTH): every frame carries a tag, and
+        #: is read whole (``whole``: header, payload, tag) before it is acted on
+        self.mac: Optional[FrameMac] = FrameMac(mac_key) if mac_key else None
+        self.whole: Optional[memoryview] = None
 
     # ------------------------------------------------------------------ send
     def queue(self, item: WireItem) -> None:
+        if self.mac is not None:
+            item.total += TAG_SIZE
         self.out.append(item)
         self.out_bytes += item.total
         self.frames_sent += 1
@@ -109,10 +137,13 @@ class Link:
         item = WireItem(prefix + pack_header(kind, 0, ack, arg=arg, rails=rails))
         out = self.out
         if kind in URGENT and out:
-            i = 1 if out[0].pos else 0
             n = len(out)
-            while i < n and out[i].frame is None:
+            i = 0
+            # behind what is being written (or has its tag: its place is fixed) and the control frames ahead
+            while i < n and (out[i].pos or out[i].tag is not None or out[i].frame is None):
                 i += 1
+            if self.mac is not None:
+                item.total += TAG_SIZE
             out.insert(i, item)
             self.out_bytes += item.total
             self.frames_sent += 1
@@ -124,22 +155,35 @@ class Link:
         Raises OSError when the connection broke."""
         out = self.out
         sock = self.sock
+        mac = self.mac
         while out:
             item = out[0]
+            if mac is not None and item.tag is None:
+                item.tag = mac.seal(item.header, item.frame.payload) if item.frame is not None \
+                    else mac.seal(item.header)
             pos = item.pos
-            hlen = len(item.header)
-            if pos < hlen:
-                bufs = [memoryview(item.header)[pos:]]
-                if item.frame is not None:
-                    bufs.append(item.frame.payload)
+            if mac is not None:
+                bufs = item.parts()
             else:
-                bufs = [item.frame.payload[pos - hlen:]]
+                hlen = len(item.header)
+                if pos < hlen:
+                    bufs = [memoryview(item.header)[pos:]]
+                    if item.frame is not None:
+                        bufs.append(item.frame.payload)
+                else:
+                    bufs = [item.frame.payload[pos - hlen:]]
             # Gather small following items into the same system call.
             if item.total - pos < 65536 and len(out) > 1:
                 for i in range(1, min(len(out), 16)):
                     nxt = out[i]
                     if nxt.pos:
                         break
+                    if mac is not None:
+                        if nxt.tag is None:
+                            nxt.tag = mac.seal(nxt.header, nxt.frame.payload) if nxt.frame is not None \
+                                else mac.seal(nxt.header)
+                        bufs += nxt.parts()
+                        continue
                     bufs.append(nxt.header)
                     if nxt.frame is not None:
                         bufs.append(nxt.frame.payload)

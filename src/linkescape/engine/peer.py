@@ -20,7 +20,7 @@ import errno
 import logging
 from typing import Callable, List, Optional
 
-from ..errors import LinkEscapeError, PeerLost, ProtocolError
+from ..errors import FrameAuthError, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
 from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_UP, PEER_LOST, RELAY_RESET,
                                RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
@@ -480,8 +480,12 @@ class PeerChannel:
         elsewhere, re-dialed). Only a peer that keeps sending nonsense on fresh
         links fails the communicator."""
         now = self.env.clock.now()
-        self.protocol_errors = [t for t in self.protocol_errors if now - t < PROTOCOL_ERROR_WINDOW] + [now]
         log.warning("rank %d rail %s: %s", self.rank, link.rail if link is not None else "relay", exc)
+        if isinstance(exc, FrameAuthError):  # the path's doing, not the peer's: it costs the link only
+            if link is not None:
+                self.link_down(link, Ev.PROTOCOL_ERROR, detail=str(exc))
+            return
+        self.protocol_errors = [t for t in self.protocol_errors if now - t < PROTOCOL_ERROR_WINDOW] + [now]
         if link is not None:
             self.link_down(link, Ev.PROTOCOL_ERROR, detail=str(exc))
         elif self.relay is not None:

@@ -28,8 +28,9 @@ import collections
 import heapq
 from typing import Deque, Dict, List, Optional
 
-from ..errors import CollectiveMismatch, ProtocolError
+from ..errors import CollectiveMismatch, FrameAuthError, ProtocolError
 from ..protocol.channel import AHEAD, DUPLICATE
+from ..protocol.framemac import TAG_SIZE
 from ..protocol.frames import DATA, FLAG_ACK_NOW, FLAG_PASSED, HEADER_SIZE, P2P_FLAG, RELAY, Header, unpack_header
 from .io import POLLIN, POLLOUT
 from .link import Link
@@ -161,6 +162,9 @@ class Receiver:
         to the caller."""
         if link.parked:
             return  # waiting for an earlier frame or a posted receive
+        if link.mac is not None:
+            self._on_readable_sealed(link)
+            return
         peer = self.peer
         bound = peer.env.config.max_frame_bytes
         drained = False
@@ -198,6 +202,112 @@ class Receiver:
             self.deliver(link)
             if not link.open or link.parked:
                 return
+
+    # ------------------------------------------------------------ frames with MACs
+    def _on_readable_sealed(self, link: Link) -> None:
+        """A link with frame MACs: each frame is read whole (header, payload,
+        tag) and acted on only once its tag verified, so a forged frame
+        changes nothing (it costs the link: a ProtocolError)."""
+        peer = self.peer
+        bound = peer.env.config.max_frame_bytes
+        drained = False
+        while True:
+            hdr = link.hdr
+            if hdr is None:
+                pos = link.rpos
+                hdr = link.take_header(bound)
+                if hdr is None:
+                    if drained:
+                        return
+                    drained = link.fill()
+                    continue
+                link.hdr = hdr
+                link.binding = bytes(link.rview[pos:pos + HEADER_SIZE])  # what the tag covers
+                if not self._sealed_room(link):
+                    return
+            if link.sink_got < len(link.sink):
+                got = link.take_payload()
+                if got is not True:
+                    if got is None or drained:
+                        return
+                    drained = link.fill()
+                    continue
+            hdr, head, whole = link.hdr, link.binding, link.sink
+            payload = whole[:hdr.length]
+            if not link.mac.check(whole[hdr.length:], head, payload):
+                raise FrameAuthError(f"frame {link.mac.received - 1} on the link fails its MAC (forged, altered or "
+                                    f"out of place; LINKESCAPE_FRAME_AUTH must be the same on every rank)",
+                                    peer=peer.rank, rail=link.rail)
+            link.reset_read()
+            self._sealed_frame(link, hdr, payload)
+            if not link.open or link.parked:
+                return
+
+    def _sealed_room(self, link: Link) -> bool:
+        """May the current frame be read now (its payload kept until verified)?
+        A frame that can only be kept (not placed) waits while the stash is
+        full, as one for a relay whose window is full; False parks."""
+        peer = self.peer
+        hdr = link.hdr
+        if hdr.kind == RELAY and not hdr.flags & FLAG_PASSED:
+            if not peer.env.relay_admit(peer.rank, hdr.arg, hdr.length):
+                return self._park(link)
+        elif hdr.kind == DATA and hdr.seq > peer.inbound.expected:  # (the next one is always read: it fills gaps)
+            if not self._stash_room(hdr.length):
+                return self._park(link)
+        n = hdr.length + TAG_SIZE
+        if link.whole is None or len(link.whole) < n:
+            link.whole = memoryview(bytearray(max(n, 1 << 12)))
+        link.sink = link.whole[:n]
+        link.sink_got = 0
+        if link.parked:
+            link.parked = False
+            self._reading(link, True)
+        return True
+
+    def _sealed_frame(self, link: Link, hdr: Header, payload: memoryview) -> None:
+        """A frame whose tag verified: act on it as on any frame (its payload
+        is in the link's buffer: what is kept is copied)."""
+        peer = self.peer
+        if hdr.ack:
+            peer.outbound.on_ack(hdr.ack)
+        if hdr.rails != peer.peer_rails.word:
+            peer.on_peer_rails(hdr.rails)
+            if not link.open:
+                return
+        if hdr.kind == DATA:
+            self._whole_data(hdr, payload, keep=True)
+        elif hdr.kind == RELAY:
+            frame = memoryview(bytearray(payload))
+            peer.report(Relayed(hdr.arg, frame) if hdr.flags & FLAG_PASSED else Forward(hdr.arg, frame))
+        else:
+            peer.on_control(link, hdr)
+
+    def _whole_data(self, hdr: Header, payload: memoryview, keep: bool) -> None:
+        """A whole DATA frame of this peer: applied if it is next and its
+        message is posted, else stashed (a copy when ``keep``: the buffer is
+        reused), a duplicate acknowledged again."""
+        peer = self.peer
+        if peer.inbound.classify(hdr.seq) is DUPLICATE or hdr.seq in self.stash:
+            peer.inbound.ack_sent = 0
+            peer.sender.ack_urgent = True
+            return
+        if hdr.seq == peer.inbound.expected and not self._stash_seqs:
+            cur = self.cur_in
+            if cur is None:
+                cur = self._match(hdr)
+                if cur is not None:
+                    self.cur_in = cur
+            else:
+                self._check_next(cur, hdr, None)
+            if cur is not None:
+                self._place(hdr, cur, payload)
+                peer.resume_wanted = True
+                return
+        if not self._stash(hdr, memoryview(bytes(payload)) if keep else payload):
+            peer.lost_relayed()  # no room: the sender must send it again
+            return
+        self.apply_stash()
 
     def bind(self, link: Link) -> bool:
         """Decide where the current frame's payload goes; False to park."""
@@ -296,7 +406,7 @@ class Receiver:
     def stash_parked(self, now: float) -> None:
         """(timer) Links parked for longer than STASH_AFTER are read on into the stash."""
         for link in self.peer.links:
-            if (link is not None and link.parked and link.hdr is not None
+            if (link is not None and link.parked and link.hdr is not None and link.mac is None
                     and now - link.parked_at >= STASH_AFTER):
                 self._to_stash(link)
 
@@ -412,7 +522,7 @@ class Receiver:
         # never land in memory that may be reused from now on.
         expected = peer.inbound.expected
         for other in peer.links:
-            if (other is not None and other is not link and other.binding is not None
+            if (other is not None and other is not link and other.mac is None and other.binding is not None
                     and other.hdr is not None and other.hdr.seq < expected):
                 other.binding = None
                 other.sink = peer.env.discard(len(other.sink))
@@ -426,15 +536,7 @@ class Receiver:
         payload = frame[HEADER_SIZE:HEADER_SIZE + hdr.length]
         if len(payload) != hdr.length:
             raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=peer.rank)
-        cls = peer.inbound.classify(hdr.seq)
-        if cls is DUPLICATE or hdr.seq in self.stash:
-            peer.inbound.ack_sent = 0
-            peer.sender.ack_urgent = True
-            return
-        if not self._stash(hdr, payload):
-            peer.lost_relayed()  # no room: the sender must send it again
-            return
-        self.apply_stash()
+        self._whole_data(hdr, payload, keep=False)
 
     def apply_stash(self) -> None:
         """Apply stashed frames that can be placed now, in seq order (each
@@ -463,14 +565,17 @@ class Receiver:
             heapq.heappop(seqs)
             del stash[expected]
             self.stash_bytes -= hdr.length
-            payload = s.payload
-            if isinstance(cur, Unexpected):
-                cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
-            elif cur.reduce is None and hdr.length:
-                dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
-                peer.env.protect(dst)
-                dst[:] = payload
-            self._applied(hdr, cur, payload)
+            self._place(hdr, cur, s.payload)
+
+    def _place(self, hdr: Header, cur, payload: memoryview) -> None:
+        """A whole frame's payload into its message (copied, or reduced) and accounted."""
+        if isinstance(cur, Unexpected):
+            cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
+        elif cur.reduce is None and hdr.length:
+            dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
+            self.peer.env.protect(dst)
+            dst[:] = payload
+        self._applied(hdr, cur, payload)
 
     def resume_parked(self) -> None:
         """Frames that could not be placed may fit now: apply the stash,
@@ -479,7 +584,7 @@ class Receiver:
         self.apply_stash()
         for link in list(self.peer.links):
             if link is not None and link.parked and link.hdr is not None:
-                if self.bind(link):
+                if self._sealed_room(link) if link.mac is not None else self.bind(link):
                     self.peer.read_now(link)
 
 

@@ -236,7 +236,7 @@ class Recovery:
                 self._dial_failed(key, exc)
                 continue
             if dial.done:
-                self._adopt(dial.sock, peer, rail, epoch, dial.established.peer_expected)
+                self._adopt(dial.sock, peer, rail, epoch, dial.established)
             else:
                 self._dials[dial.fileno()] = (key, dial)
 
@@ -254,7 +254,7 @@ class Recovery:
                 continue
             if done:
                 del self._dials[fd]
-                self._adopt(dial.sock, key[0], key[1], self.epochs[key], dial.established.peer_expected)
+                self._adopt(dial.sock, key[0], key[1], self.epochs[key], dial.established)
 
     def _dial_failed(self, key: Tuple[int, int], exc: BaseException) -> None:
         peer, rail = key
@@ -310,11 +310,14 @@ class Recovery:
             return self.engine.expected_from(src)
 
         for acc in self.acceptor.poll(admit):
-            self._adopt(acc.sock, acc.peer, acc.rail, acc.epoch, acc.peer_expected)
+            self._adopt(acc.sock, acc.peer, acc.rail, acc.epoch, acc)
 
-    def _adopt(self, sock: socket.socket, peer: int, rail: int, epoch: int, peer_expected: int) -> None:
+    def _adopt(self, sock: socket.socket, peer: int, rail: int, epoch: int, hs) -> None:
+        """``hs``: what the handshake established (the peer's expected, the link's key)."""
         eng = self.engine
-        link = Link(sock, peer, rail, epoch, self.clock.now())
+        peer_expected = hs.peer_expected
+        link = Link(sock, peer, rail, epoch, self.clock.now(),
+                    mac_key=hs.link_key if self.config.frame_auth else None)
 
         def adopt() -> None:
             self.dialing.discard((peer, rail))

@@ -149,12 +149,13 @@ class RelayRouter:
 
     # ------------------------------------------------------------ as the relay
     def admit(self, src: int, dst: int, nbytes: int) -> bool:
-        """May a frame of ``src`` for ``dst`` be read now (the pair's window)?"""
+        """May a frame of ``src`` for ``dst`` be read now (the pair's window)?
+        (The bytes count once the frame is queued: a frame read from each of
+        ``src``'s links may come on top, a bounded excess.)"""
         held = self.held.get((src, dst), 0)
         if held and held + nbytes > self.window:
             self.blocked.add(src)
             return False
-        self.held[(src, dst)] = held + nbytes
         return True
 
     def forward(self, src: int, dst: int, frame: memoryview) -> Optional[Link]:
@@ -166,8 +167,8 @@ class RelayRouter:
         links = [] if peer is None or peer.lost is not None else \
             [l for l in (peer.links[r] for r in peer.active) if l is not None]
         if not links:
-            self._release(key, n)
             return None
+        self.held[key] = self.held.get(key, 0) + n
         link = links[0] if len(links) == 1 else min(links, key=lambda l: l.out_bytes)
         header = pack_header(RELAY, 0, 0, arg=src, length=n, flags=FLAG_PASSED, rails=self.rail_word.word)
         link.queue(WireItem(header, _Relayed(frame), on_sent=lambda: self._release(key, n)))

@@ -27,6 +27,9 @@ Rules:
   a holder of its key. One that does not verify is a forged REJECT or an
   acceptor with another key, and the dialer cannot tell which
   (``UnverifiedReject``, "rejected (unverified)").
+- Once established, both sides hold a key of this link alone,
+  ``link_key = HMAC-SHA256(key, "frames" | job | nonce_d | nonce_a | src | dst
+  | rail | epoch)``: what ``LINKESCAPE_FRAME_AUTH`` MACs every frame with.
 - Every message has a fixed size and starts with magic, version and type: a
   decoder never holds more than one message (the largest is ``HELLO_SIZE``),
   whatever the bytes say, and asks for exactly the bytes it needs (``want``),
@@ -237,6 +240,13 @@ class Established:
     rail: int
     epoch: int
     peer_expected: int
+    #: the key of this link alone (the frames' MACs), from both nonces
+    link_key: bytes = b""
+
+
+def link_key(key: bytes, hello: "Hello", nonce_a: bytes) -> bytes:
+    """The key of one link: both nonces make it fresh, the fields bind it."""
+    return proof(key, b"frames", hello.job, hello.nonce, nonce_a, hello.src, hello.dst, hello.rail, hello.epoch, 0)
 
 
 class _Side:
@@ -348,7 +358,7 @@ class DialerHandshake(_Side):
         if epoch != h.epoch:
             raise self._fail(HandshakeError(f"rank {h.dst} accepted epoch {epoch}, not {h.epoch}"))
         self.state = "established"
-        return Established(h.dst, h.rail, h.epoch, expected)
+        return Established(h.dst, h.rail, h.epoch, expected, link_key(self.key, h, self.nonce_a))
 
     def _rejected(self, raw: bytes) -> HandshakeError:
         """What a REJECT tells: only a REJECT that verifies with our key says
@@ -441,7 +451,11 @@ class AcceptorHandshake(_Side):
         mac = proof(self.key, b"accept", self.job, h.nonce, self.nonce_a, h.src, h.dst, h.rail, h.epoch, expected)
         self._out += ACCEPT.pack(MAGIC, VERSION, Msg.ACCEPT, h.epoch, expected, mac)
         self.state = "established"
-        return Established(h.src, h.rail, h.epoch, h.expected)
+        return Established(h.src, h.rail, h.epoch, h.expected, self.link_key)
+
+    @property
+    def link_key(self) -> bytes:
+        return link_key(self.key, self.hello, self.nonce_a)
 
     def refuse(self, why: str) -> HandshakeError:
         """Turn down a proved dialer (stale epoch, rail down): queue REJECT."""

@@ -66,6 +66,8 @@ class Accepted(NamedTuple):
     #: the next DATA seq the dialer expects from us
     peer_expected: int
     addr: tuple
+    #: the key of this link alone (frame MACs)
+    link_key: bytes = b""
 
 
 class _Timer:
@@ -274,7 +276,7 @@ class Acceptor:
         del self.pending[fd]
         tcp.tune(p.sock, self.config)
         h = p.hs.hello
-        out.append(Accepted(p.sock, h.src, h.rail, h.epoch, h.expected, p.addr))
+        out.append(Accepted(p.sock, h.src, h.rail, h.epoch, h.expected, p.addr, p.hs.link_key))
 
     # ------------------------------------------------------------ endings
     def _reject(self, p: _Pending, exc: BaseException, reason: Optional[str] = None) -> None:
