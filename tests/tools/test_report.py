@@ -111,3 +111,76 @@ def test_report_of_a_real_trail(tmp_path):
 def test_no_trail_is_a_usage_error(tmp_path):
     res = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert res.exit_code == 1 and "no event trail" in res.output
+
+
+# ------------------------------------------------------------------ relays
+def relay_trail(t, via=3, back=5.0):
+    """Hosts 1 and 2 lose rails 0 and 1 at t: no rail in common, relayed through ``via``, back at t + back."""
+    return [ev(t, 1, "link_down", 2, 1, "peer_carrier"), ev(t + 0.001, 1, "no_path", 2, 1, "peer_carrier"),
+            ev(t + 0.001, 2, "no_path", 1, 0, "carrier"),
+            ev(t + 0.03, 1, "relay_on", 2, -1, via=via), ev(t + 0.04, 2, "relay_on", 1, -1, via=via),
+            ev(t + back, 1, "relay_off", 2, -1, "path_back", via=via, bytes=1000),
+            ev(t + back + 0.01, 2, "relay_off", 1, -1, "path_back", via=via, bytes=3000)]
+
+
+def test_relayed_pairs_are_rows_with_their_via_and_the_lanes_count_them():
+    from linkescape.tools.timeline import relay_intervals, relay_pairs, routed_lanes
+
+    trail = sorted(cut_trail(0, 0, 100.0, ranks=4) + relay_trail(110.0), key=lambda e: e["ts"])
+    rep = build(trail)
+    (row,) = rep["relays"]
+    assert row["pair"] == [1, 2] and row["via"] == [3] and row["causes"] == ["path_back"]
+    assert abs(row["on_s"] - 10.03) < 1e-3 and abs(row["off_s"] - 15.01) < 1e-3 and row["bytes"] == 4000  # from t0
+    assert abs(row["seconds"] - 4.98) < 1e-6 and row["relays"] == 2
+    assert [(r["rank"], r["peer"], r["via"]) for r in rep["relay_intervals"]] == [(1, 2, 3), (2, 1, 3)]
+    # still relayed at the end of the trail: no off, counted to the end
+    open_ = relay_pairs(relay_intervals(relay_trail(0.0)[:5], t_end=10.0), t_end=10.0)
+    assert open_[0]["t_off"] is None and abs(open_[0]["seconds"] - 9.97) < 1e-6
+    lanes = routed_lanes(sorted(relay_trail(10.0), key=lambda e: e["ts"]), 4, 2, 0.0, 20.0)
+    h1 = {label: (xs, ys) for label, xs, ys in lanes[1]["series"]}
+    assert "via a relay" in h1 and "via a relay" not in {s[0] for s in lanes[0]["series"]}
+    xs, ys = h1["via a relay"]
+    assert max(ys) == 1 and ys[-1] == 0  # one peer through the relay, then back
+    assert max(h1["rail 0"][1]) == 3 and min(h1["rail 0"][1]) == 2  # peer 2 left rail 0 and came back
+
+
+def _cross_job(comm):
+    buf = np.ones(1 << 16, np.float32)
+    for _ in range(3):
+        comm.all_reduce(buf)
+    comm.barrier()
+    if comm.rank in (1, 2):
+        comm.inject_fault(comm.rank - 1, "cut")  # rank 1 loses rail 0, rank 2 rail 1
+    for _ in range(20):
+        comm.all_reduce(buf)
+    comm.barrier()
+    if comm.rank in (1, 2):
+        comm.inject_fault(comm.rank - 1, "restore")
+    deadline = time.monotonic() + 15
+    flag = np.zeros(1, np.int32)
+    while True:  # until the pair is direct again everywhere (decided together)
+        comm.all_reduce(buf)
+        snap = comm.snapshot()
+        flag[0] = 0 if all(p["via"] is None for p in snap["peers"].values()) or time.monotonic() > deadline else 1
+        comm.all_reduce(flag)
+        if flag[0] == 0:
+            break
+    return True
+
+
+def test_report_of_a_real_trail_with_a_relay(tmp_path):
+    events = str(tmp_path / "events-{rank}.jsonl")
+    cfg = Config(failback_holddown=0.3, timeout=60, events=events)
+    raise_first(run_ranks(4, _cross_job, rails=RAILS, config=cfg, timeout=120))
+    png = str(tmp_path / "timeline.png")
+    res = CliRunner().invoke(main, ["report", str(tmp_path), "--png", png, "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    pairs = [r for r in rep["relays"] if r["pair"] == [1, 2]]
+    assert pairs and pairs[0]["via"] and set(pairs[0]["via"]) <= {0, 3}, rep["relays"]
+    assert pairs[-1]["off_s"] is not None and "path_back" in pairs[-1]["causes"]
+    assert rep["events_by_kind"]["relay_on"] >= 2
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 20_000
+    res = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert res.exit_code == 0 and "relayed pair" in res.output and "h1 - h2" in res.output, res.output
+    assert "path_back" in res.output

@@ -120,3 +120,99 @@ def test_targets_are_parsed():
     for bad in ("a", "a:b", ":1", ""):
         with pytest.raises(UsageError):
             parse_targets(bad)
+
+
+# ------------------------------------------------------------------ relays
+def _busy_cross(comm, stop, cross, restore):
+    """all_reduce until the stop file appears; when the cross file appears rank 1 loses rail 0 and rank 2 rail 1
+    (they share no rail: a third rank relays), when the restore file appears both come back."""
+    buf = np.ones(1 << 16, np.float32)
+    flag = np.zeros(3, np.int32)
+    state = 0
+    while True:
+        comm.all_reduce(buf)
+        if comm.rank == 0:
+            flag[:] = [os.path.exists(stop), os.path.exists(cross), os.path.exists(restore)]
+        comm.broadcast(flag, 0)
+        if flag[1] and state == 0:
+            state = 1
+            if comm.rank in (1, 2):
+                comm.inject_fault(comm.rank - 1, "cut")
+        if flag[2] and state == 1:
+            state = 2
+            if comm.rank in (1, 2):
+                comm.inject_fault(comm.rank - 1, "restore")
+        if flag[0]:
+            return True
+        time.sleep(0.01)
+
+
+def test_the_view_shows_a_relayed_pair_via_whom_and_who_relays(tmp_path):
+    base = free_base(4)
+    stop, cross, restore = (str(tmp_path / n) for n in ("stop", "cross", "restore"))
+    cfg = Config(metrics_port=base, timeout=60, failback_holddown=0.3)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", run_ranks(4, _busy_cross, stop, cross, restore,
+                                                                        rails=RAILS, config=cfg, timeout=120)))
+    t.start()
+    targets = [Target("127.0.0.1", base + r) for r in range(4)]
+    poller = Poller(targets)
+    try:
+        deadline = time.monotonic() + 60
+        while len(poller.poll()["ranks"]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        open(cross, "w").close()
+        deadline = time.monotonic() + 30
+        view = poller.poll()
+        while time.monotonic() < deadline:
+            view = poller.poll()
+            by = {m["rank"]: m for m in view["ranks"]}
+            if len(by) == 4 and by[1]["via"].get(2) is not None and by[2]["via"].get(1) is not None and any(
+                    by[r]["relayed_pairs"] for r in (0, 3)):
+                break
+            time.sleep(0.2)
+        by = {m["rank"]: m for m in view["ranks"]}
+        via = by[1]["via"].get(2)
+        assert via in (0, 3) and by[1]["relay_source"] == "snapshot", by[1]
+        assert by[1]["relay_bytes"][2] > 0 and by[1]["primary"].get(2) == -1
+        assert by[0]["via"] == {} and by[3]["via"] == {}  # nobody else is relayed
+        assert by[via]["relayed_pairs"] >= 1, by[via]  # the relay says it passes a pair on
+        text = _text(render(view))
+        assert "2 via " in text and "1 via " in text and "pair" in text, text
+        assert "relay_on" in text, text
+        # the command line, as JSON
+        res = CliRunner().invoke(main, ["status", "--targets", ",".join(f"127.0.0.1:{base + r}" for r in range(4)),
+                                        "--once", "--interval", "0.2", "--json"])
+        assert res.exit_code == 0, res.output
+        d = {m["rank"]: m for m in json.loads(res.output)["ranks"]}
+        assert d[1]["via"].get("2") in (0, 3) and d[2]["via"].get("1") in (0, 3)
+        open(restore, "w").close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            by = {m["rank"]: m for m in poller.poll()["ranks"]}
+            if by[1]["via"] == {} and by[2]["via"] == {}:
+                break
+            time.sleep(0.2)
+        assert by[1]["via"] == {} and by[1]["primary"].get(2) in (0, 1), by[1]  # direct again
+        assert "relay_off" in _text(render(poller.poll()))  # and the events say how it ended
+    finally:
+        for p in (cross, restore, stop):
+            open(p, "a").close()
+        t.join(120)
+    assert out.get("res") == [True] * 4, out
+
+
+def test_relays_are_read_from_the_metrics_when_there_is_no_snapshot():
+    from linkescape.tools.status import parse_snapshot, relays_from_metrics
+
+    prev = {"relay_bytes_total": {"2:3": 1000, "3:0": 10}, "primary": {2: -1}}
+    now = {"relay_bytes_total": {"2:3": 5000, "3:0": 10}, "primary": {2: -1, 3: 1}}
+    assert relays_from_metrics(now, prev) == {2: 3}  # grew, and no rail carries peer 2
+    assert relays_from_metrics(now, None) == {}
+    assert relays_from_metrics({**now, "primary": {2: 0}}, prev) == {}  # back on a rail: not relayed
+    snap = [{"comm": "g1", "peers": {"1": {"via": 0}}},
+            {"peers": {"0": {"via": None, "relay_bytes": 0}, "2": {"via": 3, "relay_bytes": 77}},
+             "relayed_pairs": 1, "relay_bytes": {"2:3": 99}}]
+    assert parse_snapshot(snap) == {"via": {2: 3}, "relay_bytes": {2: 77}, "relayed_pairs": 1,
+                                    "relay_bytes_total": {"2:3": 99}}
+    assert parse_snapshot({"not": "a list"}) is None

@@ -37,7 +37,8 @@ def _console():
 @click.option("--json", "as_json", is_flag=True, help="With --once: the view as JSON.")
 def status(targets, testbed_name, port, interval, n_events, once, as_json) -> None:
     """A live view of a running job: every rank x peer x rail, its state and
-    bytes/s, the primary rail, and the last events."""
+    bytes/s, the primary rail, relayed peers ("via R") and the pairs each rank
+    relays, and the last events."""
     from .status import Poller, parse_targets, render, targets_of_testbed
 
     try:
@@ -101,8 +102,9 @@ def trace_analyze(paths, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The rows as JSON.")
 def report(trails, png, as_json) -> None:
     """One row per fault in an event trail (LINKESCAPE_EVENTS files): detection,
-    failover, rail back and failback times; --png draws the timeline."""
-    from .report import build, plot, read_trails, table
+    failover, rail back and failback times; one row per relayed pair (via whom,
+    for how long); --png draws the timeline."""
+    from .report import build, plot, read_trails, relay_table, table
 
     try:
         events = read_trails(trails)
@@ -115,6 +117,9 @@ def report(trails, png, as_json) -> None:
         click.echo(json.dumps(rep, indent=1, default=str))
         return
     _console().print(table(rep))
+    rt = relay_table(rep)
+    if rt is not None:
+        _console().print(rt)
     if rep["events_by_kind"]:
         click.echo("events: " + ", ".join(f"{k} {v}" for k, v in rep["events_by_kind"].items()))
     if png:

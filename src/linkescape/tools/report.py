@@ -3,8 +3,12 @@
 One row per fault found in the trail (see ``tools.timeline.infer_faults``):
 when it was detected and by whom, how long until traffic moved (failover),
 until the rail was back (``link_up``), and until traffic moved back
-(``failback``). ``--png`` draws the demo's timeline from the trail alone: per
-host and rail, how many peers' traffic the rail carries, with every event.
+(``failback``). One row per relayed pair (``relay_on`` .. ``relay_off``: two
+ranks with no rail in common going on through a third): through which rank,
+from when, for how long, how it ended. ``--png`` draws the demo's timeline
+from the trail alone: per host and rail, how many peers' traffic the rail
+carries (and how many go through a relay), every event, and each relayed
+pair as a band.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Dict, List, Sequence
 
 from ..errors import UsageError
 from ..events import read_events
-from .timeline import draw_timeline, fault_rows, format_ms, infer_faults, routed_lanes
+from .timeline import draw_timeline, fault_rows, format_ms, infer_faults, relay_intervals, relay_pairs, routed_lanes
 
 
 def read_trails(paths: Sequence[str]) -> List[Dict[str, Any]]:
@@ -39,9 +43,19 @@ def read_trails(paths: Sequence[str]) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda e: e["ts"])
 
 
+def relay_rows(events: List[Dict[str, Any]], t0: float, t_end: float) -> List[Dict[str, Any]]:
+    """One row per relayed pair of ranks (both ends merged): via, from, to, how long, how it ended."""
+    rows = []
+    for p in relay_pairs(relay_intervals(events, t_end), t_end):
+        rows.append({"pair": p["pair"], "via": p["via"], "on_s": p["t_on"] - t0,
+                     "off_s": None if p["t_off"] is None else p["t_off"] - t0, "seconds": p["seconds"],
+                     "relays": p["relays"], "causes": p["causes"], "bytes": p["bytes"]})
+    return rows
+
+
 def build(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     if not events:
-        return {"t0": None, "ranks": 0, "rails": 0, "events": 0, "events_by_kind": {}, "faults": []}
+        return {"t0": None, "ranks": 0, "rails": 0, "events": 0, "events_by_kind": {}, "faults": [], "relays": []}
     t0 = events[0]["ts"]
     ranks = 1 + max(max(int(e.get("rank") or 0), int(e["peer"]) if isinstance(e.get("peer"), int) else 0)
                     for e in events)
@@ -52,8 +66,12 @@ def build(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     kinds: Dict[str, int] = {}
     for e in events:
         kinds[e["event"]] = kinds.get(e["event"], 0) + 1
-    return {"t0": t0, "duration_s": events[-1]["ts"] - t0, "ranks": ranks, "rails": rails, "events": len(events),
-            "events_by_kind": dict(sorted(kinds.items())), "faults": rows}
+    t_end = events[-1]["ts"]
+    return {"t0": t0, "duration_s": t_end - t0, "ranks": ranks, "rails": rails, "events": len(events),
+            "events_by_kind": dict(sorted(kinds.items())), "faults": rows,
+            "relays": relay_rows(events, t0, t_end),
+            "relay_intervals": [{**r, "on_s": r["t_on"] - t0, "off_s": None if r["t_off"] is None else r["t_off"] - t0}
+                                for r in relay_intervals(events, t_end)]}
 
 
 def table(rep: Dict[str, Any]):
@@ -76,6 +94,26 @@ def table(rep: Dict[str, Any]):
     return t
 
 
+def relay_table(rep: Dict[str, Any]):
+    """The relayed pairs: None when the trail has none."""
+    from rich.table import Table
+
+    if not rep.get("relays"):
+        return None
+    t = Table(title=f"{len(rep['relays'])} relayed pair(s) (no rail in common: traffic through a third rank)",
+              title_justify="left")
+    for col, just in (("pair", "left"), ("via", "left"), ("relayed at", "right"), ("until", "right"),
+                      ("for", "right"), ("ended by", "left"), ("relay_on (both ends)", "right"),
+                      ("bytes through the relay", "right")):
+        t.add_column(col, justify=just)
+    for r in rep["relays"]:
+        t.add_row(f"h{r['pair'][0]} - h{r['pair'][1]}", ", ".join(f"rank {v}" for v in r["via"]) or "-",
+                  f"{r['on_s']:.3f} s", "still relayed" if r["off_s"] is None else f"{r['off_s']:.3f} s",
+                  format_ms(None if r["seconds"] is None else r["seconds"] * 1000.0),
+                  ", ".join(r["causes"]) or "-", str(r["relays"]), f"{r['bytes']:,}")
+    return t
+
+
 def plot(path: str, rep: Dict[str, Any], events: List[Dict[str, Any]]) -> str:
     t0 = rep["t0"] or 0.0
     t_end = rep.get("duration_s") or 1.0
@@ -86,11 +124,12 @@ def plot(path: str, rep: Dict[str, Any], events: List[Dict[str, Any]]) -> str:
                        f"failback {format_ms(r['failback_ms'])}"}
               for r in rep["faults"]]
     raster = [(e["ts"] - t0, int(e.get("rank") or 0), e["event"]) for e in events]
-    return draw_timeline(path, lanes, faults, events=raster, t_end=t_end, pad=max(0.05, 0.03 * t_end),
+    relays = [{"pair": r["pair"], "via": r["via"], "t0": r["on_s"], "t1": r["off_s"]} for r in rep.get("relays") or []]
+    return draw_timeline(path, lanes, faults, events=raster, t_end=t_end, pad=max(0.05, 0.03 * t_end), relays=relays,
                          title=f"linkescape event trail: {rep['ranks']} ranks x {rep['rails']} rails, "
                                f"{len(rep['faults'])} faults (lanes: how many peers' traffic each rail carries)",
                          xlabel="seconds since the first event (dashed: detected, dotted green: rail back; "
-                                "failover: from detection, failback: from the rail back)")
+                                "failover: from detection, failback: from the rail back; teal band: relayed)")
 
 
-__all__ = ["read_trails", "build", "table", "plot"]
+__all__ = ["read_trails", "build", "table", "relay_table", "relay_rows", "plot"]

@@ -1,7 +1,12 @@
 """``linkescape status``: a live terminal view of a running job, from its metrics endpoints.
 
 Every rank x peer x rail with its state and bytes/s, which rail is primary,
-and the last events of every rank. Targets: ``--targets host:port,...``, or
+the relays (a peer reached through a third rank: "via R", with the bytes sent
+through it; and how many pairs of other ranks each rank passes on), and the
+last events of every rank. The relays come from the endpoint's ``/snapshot``
+(per peer ``via``), or, from an endpoint without it, from the metrics
+``linkescape_relay_bytes_total{peer,via}`` (a peer whose count grew since the
+last scrape is relayed through that ``via``) and ``linkescape_relayed_pairs``. Targets: ``--targets host:port,...``, or
 the ranks of a testbed (``--testbed NAME``, default ``le``): for host ``i``
 ``127.0.0.1:P+i`` then ``127.0.0.1:P`` inside its network namespace, so a job
 started with ``LINKESCAPE_METRICS_PORT=P`` is found whether each host runs
@@ -104,7 +109,8 @@ def parse_metrics(text: str) -> Dict[str, Any]:
     """The parts of one rank's /metrics the view needs."""
     parser = extras.module("prometheus_client.parser", "metrics", "linkescape status")
     out: Dict[str, Any] = {"rank": None, "world_size": None, "rails": {}, "links": {}, "primary": {},
-                           "ops_pending": None, "oldest_op_s": None, "collective": {}, "lost": {}, "no_path": {}}
+                           "ops_pending": None, "oldest_op_s": None, "collective": {}, "lost": {}, "no_path": {},
+                           "via": {}, "relay_bytes": {}, "relay_bytes_total": {}, "relayed_pairs": None}
     for fam in parser.text_string_to_metric_families(text):
         for s in fam.samples:
             if s.labels.get("comm"):
@@ -127,6 +133,10 @@ def parse_metrics(text: str) -> Dict[str, Any]:
                 out["lost"][int(lab["peer"])] = bool(v)
             elif name == "linkescape_no_path_seconds":
                 out["no_path"][int(lab["peer"])] = v
+            elif name == "linkescape_relayed_pairs":
+                out["relayed_pairs"] = int(v)
+            elif name == "linkescape_relay_bytes_total":
+                out["relay_bytes_total"][f"{lab.get('peer')}:{lab.get('via')}"] = int(v)
             elif name in ("linkescape_bytes_sent_total", "linkescape_bytes_received_total", "linkescape_link_up",
                           "linkescape_link_state", "linkescape_link_active"):
                 key = (int(lab["peer"]), int(lab["rail"]))
@@ -137,6 +147,37 @@ def parse_metrics(text: str) -> Dict[str, Any]:
                 else:
                     link[{"linkescape_bytes_sent_total": "sent", "linkescape_bytes_received_total": "received",
                           "linkescape_link_up": "up", "linkescape_link_active": "active"}[name]] = v
+    return out
+
+
+def parse_snapshot(snaps: Any) -> Optional[Dict[str, Any]]:
+    """The relay state in an endpoint's ``/snapshot`` (its first communicator, the world): per peer the rank
+    it is relayed through (``via``) and the bytes sent through it in this relay, the pairs this rank passes
+    on, and the bytes per ``peer:via`` ever sent through a relay. None when there is none."""
+    if not isinstance(snaps, list):
+        return None
+    snap = next((x for x in snaps if isinstance(x, dict) and not x.get("comm")), None)
+    if snap is None:
+        return None
+    via, now = {}, {}
+    for peer, p in (snap.get("peers") or {}).items():
+        if isinstance(p, dict) and p.get("via") is not None:
+            via[int(peer)] = int(p["via"])
+            now[int(peer)] = int(p.get("relay_bytes") or 0)
+    return {"via": via, "relay_bytes": now, "relayed_pairs": snap.get("relayed_pairs"),
+            "relay_bytes_total": {str(k): int(v) for k, v in (snap.get("relay_bytes") or {}).items()}}
+
+
+def relays_from_metrics(m: Dict[str, Any], prev: Optional[Dict[str, Any]]) -> Dict[int, int]:
+    """Without ``/snapshot``: a peer with no primary rail whose ``relay_bytes_total{peer,via}`` grew since the
+    previous scrape is relayed through that ``via``."""
+    out: Dict[int, int] = {}
+    if prev is None:
+        return out
+    for key, n in m.get("relay_bytes_total", {}).items():
+        peer, _, via = key.partition(":")
+        if n > prev.get("relay_bytes_total", {}).get(key, 0) and m["primary"].get(int(peer), -1) == -1:
+            out[int(peer)] = int(via)
     return out
 
 
@@ -160,6 +201,18 @@ class Poller:
                 errors[t.label] = str(exc)
                 continue
             prev = self._prev.get(t)
+            try:
+                rel = parse_snapshot(json.loads(fetch(t, "/snapshot", self.timeout)))
+            except (OSError, ValueError):
+                rel = None
+            if rel is not None:
+                m["via"], m["relay_bytes"] = rel["via"], rel["relay_bytes"]
+                if rel["relayed_pairs"] is not None:
+                    m["relayed_pairs"] = rel["relayed_pairs"]
+                m["relay_bytes_total"] = rel["relay_bytes_total"] or m["relay_bytes_total"]
+            else:
+                m["via"] = relays_from_metrics(m, prev[1] if prev else None)
+            m["relay_source"] = "snapshot" if rel is not None else "metrics"
             for key, link in m["links"].items():
                 if prev is not None and now > prev[0]:
                     old = prev[1]["links"].get(key, {})
@@ -207,8 +260,10 @@ def render(view: Dict[str, Any]):
         names = {m["rails"].get(r) for m in ranks if m["rails"].get(r)}
         t.add_column(f"rail {r}" + (f" ({names.pop()})" if len(names) == 1 else ""))
         t.add_column("tx / rx", justify="right")
+    t.add_column("relay", justify="left")
     t.add_column("ops pending / oldest", justify="right")
     t.add_column("collective posted / done", justify="right")
+    t.add_column("relaying for others", justify="right")
     for m in ranks:
         peers = sorted({k[0] for k in m["links"]})
         first = True
@@ -224,14 +279,21 @@ def render(view: Dict[str, Any]):
                 if m["primary"].get(p) == r:
                     txt.append(" *primary", style="bold cyan")
                 row += [txt, f"{_rate(link.get('tx_rate'))} / {_rate(link.get('rx_rate'))}"]
+            via = (m.get("via") or {}).get(p)
             if m["lost"].get(p):
                 row[1] = Text(f"{p} LOST", style="bold red")
+            elif via is not None:
+                row[1] = Text(f"{p} via {via}", style="bold cyan")
             elif m["no_path"].get(p):
                 row[1] = Text(f"{p} no path {m['no_path'][p]:.1f}s", style="bold red")
+            row.append(_relay_cell(m, p, via))
             oldest = m.get("oldest_op_s")
             row.append(f"{m.get('ops_pending')} / {oldest:.1f}s" if first and oldest is not None else "")
             c = m.get("collective") or {}
             row.append(f"#{c.get('posted')} / #{c.get('done')}" if first and c else "")
+            pairs = m.get("relayed_pairs")
+            row.append(Text(f"{pairs} pair{'s' if pairs != 1 else ''}", style="bold cyan" if pairs else "dim")
+                       if first and pairs is not None else "")
             t.add_row(*row)
             first = False
     ev = Text()
@@ -239,15 +301,35 @@ def render(view: Dict[str, Any]):
     for e in view["events"]:
         ev.append(f"{time.strftime('%H:%M:%S', time.localtime(e.get('ts') or 0))} ({t0 - (e.get('ts') or t0):5.1f}s ago)  ",
                   style="dim")
-        style = "red" if e.get("event") in ("link_down", "no_path", "peer_lost") else "green"
-        ev.append(f"rank {e.get('rank')} {e.get('event')} peer {e.get('peer')} rail {e.get('rail')}"
-                  f" {e.get('cause') or ''}\n", style=style)
+        kind = e.get("event")
+        style = "red" if kind in ("link_down", "no_path", "peer_lost") else (
+            "cyan" if kind in ("relay_on", "relay_off") else "green")
+        where = f"via {e.get('via')}" if kind in ("relay_on", "relay_off") else f"rail {e.get('rail')}"
+        ev.append(f"rank {e.get('rank')} {kind} peer {e.get('peer')} {where} {e.get('cause') or ''}\n", style=style)
     parts: List[Any] = [t, Text(""), Panel(ev if view["events"] else Text("no link events", style="dim"),
                                            title="last events", title_align="left")]
     if view["errors"]:
         parts.append(Text("unreachable: " + "; ".join(f"{k} ({v})" for k, v in view["errors"].items()),
                           style="yellow"))
     return Panel(Group(*parts), title=f"linkescape status: {len(ranks)} ranks", border_style="blue")
+
+
+def _bytes(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def _relay_cell(m: Dict[str, Any], peer: int, via: Optional[int]):
+    """"via R: bytes sent through R in this relay"; or what earlier relays to this peer carried (dim)."""
+    from rich.text import Text
+
+    if via is not None:
+        now = (m.get("relay_bytes") or {}).get(peer)
+        return Text(f"via {via}" + (f": {_bytes(now)}" if now is not None else ""), style="bold cyan")
+    before = sum(n for k, n in (m.get("relay_bytes_total") or {}).items() if k.partition(":")[0] == str(peer))
+    return Text(f"relayed {_bytes(before)} before", style="dim") if before else ""
 
 
 def targets_of_testbed(name: Optional[str], port: int) -> List[Target]:
@@ -271,4 +353,5 @@ def targets_of_testbed(name: Optional[str], port: int) -> List[Target]:
     return out
 
 
-__all__ = ["Target", "parse_targets", "fetch", "parse_metrics", "Poller", "render", "targets_of_testbed"]
+__all__ = ["Target", "parse_targets", "fetch", "parse_metrics", "parse_snapshot", "relays_from_metrics", "Poller",
+           "render", "targets_of_testbed"]

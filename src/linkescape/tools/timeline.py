@@ -10,6 +10,12 @@ against the ranks' events; :func:`infer_faults` builds such faults from a
 trail alone: the ``link_down`` events of one rail that share a host form one
 fault; the faulty host is the one whose own carrier went (``carrier``), or
 whose peers were told so (``peer_carrier``).
+
+A *relay* (two ranks with no rail in common going on through a third) is a
+``relay_on`` .. ``relay_off`` stretch of one rank's trail for one peer:
+:func:`relay_intervals` finds them, :func:`relay_pairs` merges the two ends of
+each pair, and the picture draws each as a band in the lanes of the pair's
+hosts, naming the rank in between.
 """
 
 from __future__ import annotations
@@ -191,39 +197,132 @@ def fault_rows(faults: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
 def routed_lanes(events: Sequence[Dict[str, Any]], ranks: int, rails: int, t0: float,
                  t_end: float) -> List[Dict[str, Any]]:
     """Per rank, per rail: how many peers' traffic the rail carries over time
-    (from failover/failback/no_path; every peer starts on rail 0)."""
+    (from failover/failback/no_path; every peer starts on rail 0), and, when the
+    rank had any, how many peers it reached through a relay (``relay_on`` ..
+    ``relay_off``). A relay that ends because a rail is back (``path_back``)
+    hands the peer to the primary rail, rail 0: the event does not say which
+    rail took the traffic, and the primary is the one the policy picks first."""
     lanes = []
     for r in range(ranks):
-        route: Dict[int, Optional[int]] = {p: 0 for p in range(ranks) if p != r}
+        route: Dict[int, Any] = {p: 0 for p in range(ranks) if p != r}
         pts: List[Tuple[float, List[int]]] = [(0.0, _count(route, rails))]
+        relayed = False
         for e in events:
             if e.get("rank") != r or e.get("peer") not in route:
                 continue
-            if e.get("event") in ("failover", "failback"):
+            kind = e.get("event")
+            if kind in ("failover", "failback"):
                 route[e["peer"]] = e.get("rail")
-            elif e.get("event") in ("no_path", "peer_lost"):
+            elif kind in ("no_path", "peer_lost"):
+                if route[e["peer"]] == "relay" and kind == "no_path":
+                    continue  # the relay still carries it until relay_off says otherwise
                 route[e["peer"]] = None
+            elif kind == "relay_on":
+                route[e["peer"]] = "relay"
+                relayed = True
+            elif kind == "relay_off":
+                route[e["peer"]] = 0 if e.get("cause") == "path_back" else None
             else:
                 continue
             pts.append((e["ts"] - t0, _count(route, rails)))
         pts.append((t_end, pts[-1][1]))
         series = []
-        for k in range(rails):
+        for k in range(rails + (1 if relayed else 0)):
             xs, ys = [], []
             for (t, c), (t2, _) in zip(pts, pts[1:] + [pts[-1]]):
                 xs += [t, t2]
                 ys += [c[k], c[k]]
-            series.append((f"rail {k}", xs, ys))
+            series.append((f"rail {k}" if k < rails else "via a relay", xs, ys))
         lanes.append({"label": f"h{r}", "ylabel": f"h{r}\npeers routed", "series": series})
     return lanes
 
 
-def _count(route: Dict[int, Optional[int]], rails: int) -> List[int]:
-    c = [0] * rails
+def _count(route: Dict[int, Any], rails: int) -> List[int]:
+    """Peers per rail, then (last) peers through a relay."""
+    c = [0] * (rails + 1)
     for v in route.values():
-        if v is not None and 0 <= v < rails:
+        if v == "relay":
+            c[rails] += 1
+        elif isinstance(v, int) and 0 <= v < rails:
             c[v] += 1
     return c
+
+
+# ------------------------------------------------------------------ relays
+RELAY_EVENTS = ("relay_on", "relay_off")
+
+
+def relay_intervals(events: Sequence[Dict[str, Any]], t_end: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Every relayed stretch of a trail (events of any ranks, each with ``rank``): per rank and peer from
+    ``relay_on`` to the next ``relay_off`` of that pair: ``{"rank", "peer", "via", "t_on", "t_off", "cause",
+    "bytes", "seconds"}``; ``t_off`` None (and ``seconds`` up to ``t_end``, or None) while it lasts."""
+    out: List[Dict[str, Any]] = []
+    opened: Dict[Tuple[Any, Any], Dict[str, Any]] = {}
+    for e in sorted((e for e in events if e.get("event") in RELAY_EVENTS and e.get("ts") is not None),
+                    key=lambda e: e["ts"]):
+        key = (e.get("rank"), e.get("peer"))
+        if e["event"] == "relay_on":
+            if key in opened:  # on again without an off (another via): the first ended there
+                out.append({**opened.pop(key), "t_off": e["ts"], "cause": None, "bytes": None})
+            opened[key] = {"rank": e.get("rank"), "peer": e.get("peer"), "via": e.get("via"), "t_on": e["ts"]}
+        elif key in opened:
+            out.append({**opened.pop(key), "t_off": e["ts"], "cause": e.get("cause"), "bytes": e.get("bytes")})
+    out += [{**rec, "t_off": None, "cause": None, "bytes": None} for rec in opened.values()]
+    for rec in out:
+        end = rec["t_off"] if rec["t_off"] is not None else t_end
+        rec["seconds"] = None if end is None else end - rec["t_on"]
+    return sorted(out, key=lambda r: (r["t_on"], str(r["rank"]), str(r["peer"])))
+
+
+def relay_pairs(intervals: Sequence[Dict[str, Any]], t_end: Optional[float] = None) -> List[Dict[str, Any]]:
+    """The relayed stretches of each pair of ranks, both ends merged: ``{"pair": [a, b], "via": [...],
+    "t_on", "t_off" (None while it lasts), "seconds" (the union of both ends' stretches), "relays"
+    (stretches), "causes" (of the relay_offs), "bytes"}``; one row per overlapping run of stretches."""
+    by_pair: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
+    for r in intervals:
+        if r.get("rank") is None or r.get("peer") is None:
+            continue
+        by_pair.setdefault(tuple(sorted((int(r["rank"]), int(r["peer"])))), []).append(r)
+    rows = []
+    for pair, recs in sorted(by_pair.items()):
+        recs = sorted(recs, key=lambda r: r["t_on"])
+        group: List[Dict[str, Any]] = []
+        end: Optional[float] = None
+
+        def close(group: List[Dict[str, Any]]) -> None:
+            offs = [r["t_off"] for r in group]
+            t_off = None if any(o is None for o in offs) else max(offs)
+            spans = [(r["t_on"], r["t_off"] if r["t_off"] is not None else (t_end if t_end is not None else r["t_on"]))
+                     for r in group]
+            rows.append({"pair": list(pair), "via": sorted({r["via"] for r in group if r.get("via") is not None}),
+                         "t_on": group[0]["t_on"], "t_off": t_off, "seconds": union_seconds(spans),
+                         "relays": len(group),
+                         "causes": sorted({str(r["cause"]) for r in group if r.get("cause")}),
+                         "bytes": sum(int(r.get("bytes") or 0) for r in group)})
+
+        for r in recs:
+            r_end = r["t_off"] if r["t_off"] is not None else float("inf")
+            if group and end is not None and r["t_on"] > end + 0.5:  # a gap: another relayed stretch
+                close(group)
+                group, end = [], None
+            group.append(r)
+            end = r_end if end is None else max(end, r_end)
+        if group:
+            close(group)
+    return sorted(rows, key=lambda r: r["t_on"])
+
+
+def union_seconds(spans: Sequence[Tuple[float, float]]) -> float:
+    """How long the union of ``(start, end)`` spans lasts."""
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
 
 
 def format_ms(v: Optional[float], missing: str = "-") -> str:
@@ -233,16 +332,21 @@ def format_ms(v: Optional[float], missing: str = "-") -> str:
     return "< 1 ms" if v < 1 else f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
 
 
-FAULT_COLORS = {"cut": "red", "carrier": "red", "blackhole": "purple", "silent": "purple", "flap": "darkorange"}
+FAULT_COLORS = {"cut": "red", "carrier": "red", "blackhole": "purple", "silent": "purple", "flap": "darkorange",
+                "cross": "saddlebrown"}
 RAIL_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
 
 
 def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[Dict[str, Any]], *,
                   title: str, xlabel: str, t_end: float, top: Optional[Dict[str, Any]] = None,
-                  events: Optional[Sequence[Tuple[float, int, str]]] = None, pad: float = 0.5) -> str:
+                  events: Optional[Sequence[Tuple[float, int, str]]] = None, pad: float = 0.5,
+                  relays: Optional[Sequence[Dict[str, Any]]] = None) -> str:
     """The timeline picture: an upper panel (``top``: a curve such as the loss,
     or the ``events`` as a raster of (t, rank, event)), one lane per host with
-    its per-rail series, faults marked (dashed: in effect, dotted green: rail back)."""
+    its per-rail series, faults marked (dashed: in effect, dotted green: rail back).
+    ``relays``: ``{"pair": [a, b], "via": [c, ...], "t0", "t1"}`` (seconds on the
+    picture's axis; ``t1`` None: to the end), each a teal band along the bottom
+    of the lanes of hosts a and b ("relay to hB via hC") and of the relaying host."""
     matplotlib = extras.module("matplotlib", "plot", "the timeline picture")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -259,7 +363,8 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
             ax0.legend(loc="upper right", fontsize=8)
     elif events:
         marks = {"link_down": ("v", "red"), "failover": (">", "tab:orange"), "link_up": ("^", "green"),
-                 "failback": ("<", "tab:blue"), "no_path": ("x", "black"), "peer_lost": ("X", "black")}
+                 "failback": ("<", "tab:blue"), "no_path": ("x", "black"), "peer_lost": ("X", "black"),
+                 "relay_on": ("D", "teal"), "relay_off": ("d", "gray")}
         for kind, (m, c) in marks.items():
             pts = [(t, r) for t, r, k in events if k == kind]
             if pts:
@@ -306,8 +411,11 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
                          va="top", ha="left", fontsize=7, color=c,
                          bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
         where = f"h{host}" if host is not None else "h?"
-        ax0.text(a, 0.97, f" {f.get('kind')} {where} r{f.get('rail')}", transform=ax0.get_xaxis_transform(),
-                 va="top", ha="left", fontsize=8, color=c, bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
+        top_text = f.get("top_text", f" {f.get('kind')} {where} r{f.get('rail')}")
+        if top_text:  # a fault of several NICs (a cross) labels the top panel once
+            ax0.text(a, 0.97, top_text, transform=ax0.get_xaxis_transform(),
+                     va="top", ha="left", fontsize=8, color=c, bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
+    _draw_relays(axes, relays or (), t_end)
     axes[-1].set_xlim(-pad, t_end + pad)
     axes[-1].set_xlabel(xlabel)
     fig.tight_layout()
@@ -316,5 +424,33 @@ def draw_timeline(path: str, lanes: Sequence[Dict[str, Any]], faults: Sequence[D
     return path
 
 
+RELAY_COLOR = "teal"
+
+
+def _draw_relays(axes, relays: Sequence[Dict[str, Any]], t_end: float) -> None:
+    """Each relayed stretch as a band along the bottom of its hosts' lanes, labelled once."""
+    for k, r in enumerate(relays):
+        a, b = (list(r.get("pair") or []) + [None, None])[:2]
+        via = list(r.get("via") or [])
+        t0, t1 = r["t0"], r["t1"] if r.get("t1") is not None else t_end
+        through = "/".join(f"h{v}" for v in via) or "?"
+        for host, text in ((a, f"relay to h{b} via {through}"), (b, f"relay to h{a} via {through}")):
+            if host is None or not 0 <= host + 1 < len(axes):
+                continue
+            ax = axes[host + 1]
+            ax.axvspan(t0, t1, ymin=0.0, ymax=0.14, color=RELAY_COLOR, alpha=0.45, lw=0)
+            ax.text(t0, 0.16, f" {text} ({t1 - t0:.1f} s)", transform=ax.get_xaxis_transform(), va="bottom",
+                    ha="left", fontsize=7, color=RELAY_COLOR, bbox=dict(facecolor="white", alpha=0.7, lw=0, pad=1))
+        for v in via:
+            if 0 <= v + 1 < len(axes):
+                ax = axes[v + 1]
+                ax.axvspan(t0, t1, ymin=0.0, ymax=0.07, color=RELAY_COLOR, alpha=0.25, lw=0, hatch="//")
+                ax.text(t0, 0.08, f" relaying h{a}-h{b}", transform=ax.get_xaxis_transform(), va="bottom",
+                        ha="left", fontsize=6, color=RELAY_COLOR)
+        axes[0].axvspan(t0, t1, ymin=0.0, ymax=0.04, color=RELAY_COLOR, alpha=0.5, lw=0,
+                        label="relayed" if k == 0 else None)
+
+
 __all__ = ["related", "fault_timing", "infer_faults", "fault_rows", "routed_lanes", "draw_timeline", "format_ms",
-           "DETECT_EVENTS", "DETECT_WINDOW", "NOT_SEEN"]
+           "relay_intervals", "relay_pairs", "union_seconds", "DETECT_EVENTS", "DETECT_WINDOW", "NOT_SEEN",
+           "RELAY_EVENTS"]
