@@ -173,3 +173,65 @@ def test_too_few_baseline_steps_give_no_noise_allowance():
     res, _ = _run(cut, [_step(1, 10.0, 0.30), _step(2, 40.0, 0.252)])
     assert res["noise"]["baseline_steps"] < analysis.MIN_BASELINE and res["noise"]["allowance_s"] == 0.0
     assert res["violation_count"] == 1
+
+
+# ------------------------------------------------------------------ relays (issue 16)
+CROSS = {"kind": "cross", "targets": [[1, 0], [2, 1]], "at": 10.0, "hold": 8.0}
+
+
+def test_a_cross_a_third_host_could_relay_allows_detection_plus_relay_set_up_only():
+    res, rows = _run([CROSS], [_step(1, 9.99, 0.9)], hosts=4)  # hosts 0 and 3 have every rail: relayable
+    assert rows[1]["condition"] == "relayable" and not rows[1]["violation"]
+    # the detection of each NIC the cross took down (two carrier losses), + the relay's set-up
+    assert rows[1]["bound"] == pytest.approx(0.1 + 2 * analysis.CUT_DETECT + analysis.RELAY_SETUP)
+    res, rows = _run([CROSS], [_step(1, 9.99, 1.6)], hosts=4)  # the no-path rule would wait for the repair
+    assert rows[1]["condition"] == "relayable" and rows[1]["violation"] and res["violation_count"] == 1
+    res, rows = _run([CROSS], [_step(1, 13.0, 1.5)], hosts=4)  # in the middle of it: no waiting either
+    assert rows[1]["condition"] == "relayable" and rows[1]["violation"]
+    res, rows = _run([CROSS], [_step(1, 18.5, 0.5)], hosts=4)  # after it: the relay hands back
+    assert rows[1]["condition"] == "after_relayable" and not rows[1]["violation"]
+    blackholed = [{**CROSS, "mode": "blackhole"}]  # found by silence: the silent timeout is in the bound
+    _, rows = _run(blackholed, [_step(1, 9.99, 1.0)], hosts=4)
+    assert rows[1]["bound"] == pytest.approx(0.1 + 2 * (SILENT + HB + 0.01) + analysis.RELAY_SETUP)
+
+
+def test_a_cross_nobody_can_relay_is_waited_out_as_before():
+    _, rows = _run([CROSS], [_step(1, 9.99, 3.0)], hosts=3)  # host 0 is the only third host ...
+    assert rows[1]["condition"] == "relayable"
+    busy = [CROSS, {"kind": "cut", "host": 0, "rail": 1, "at": 9.0, "hold": 9.5}]  # ... and it lost a rail
+    _, rows = _run(busy, [_step(1, 9.99, 3.0)], hosts=3)
+    assert rows[1]["condition"] == "during_no_path" and not rows[1]["violation"]
+    res, rows = _run(busy, [_step(1, 17.5, 1.2)], hosts=3)  # the path came back at 18.0: 0.7 s later is fine
+    assert rows[1]["condition"] == "no_path" and not rows[1]["violation"]
+
+
+def test_a_host_repaired_a_moment_ago_is_no_relay_yet():
+    # hosts 0 and 3 were cut until 9.6 s: their links re-open, so no relay until 10.6 s
+    settling = [CROSS, {"kind": "cut", "host": 0, "rail": 0, "at": 8.0, "hold": 1.5},
+                {"kind": "cut", "host": 3, "rail": 1, "at": 8.0, "hold": 1.6}]
+    _, rows = _run(settling, [_step(1, 10.0, 0.4), _step(2, 11.0, 0.9), _step(3, 12.2, 1.5)], hosts=4)
+    assert rows[1]["condition"] == "during_no_path"
+    assert rows[2]["condition"] == "after_no_path"  # the relay may still be being set up
+    assert rows[3]["condition"] == "relayable" and rows[3]["violation"]  # by then it must carry the pair
+
+
+def test_relays_are_counted_timed_and_matched_to_the_cross_faults():
+    sched = scripted([CROSS, {**CROSS, "id": 1, "at": 30.0, "hold": 5.0}], hosts=4, rails=2, duration=60)
+    log, ivs = [], []
+    for f in sched.faults:
+        for t0, t1, h, r, m in f.intervals():
+            log.append({"fault": f.id, "action": "apply", "mechanism": m, "host": h, "rail": r, "ts": T0 + t0})
+            ivs.append((T0 + t0, T0 + t1, h, r, m))
+    ev = lambda ts, rank, kind, peer, **kw: {"ts": T0 + ts, "event": kind, "rank": rank, "peer": peer, **kw}  # noqa
+    events = {1: [ev(10.05, 1, "relay_on", 2, via=3), ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")],
+              2: [ev(10.04, 2, "relay_on", 1, via=3), ev(14.0, 2, "relay_off", 1, via=3, cause="via_lost"),
+                  ev(14.2, 2, "relay_on", 1, via=0), ev(19.1, 2, "relay_off", 1, via=0, cause="path_back")]}
+    rel = analysis.relays(events, ivs, log, sched, t_start=T0, t_end=T0 + 60)
+    assert rel["relay_on"] == 3 and rel["relay_off"] == {"path_back": 2, "via_lost": 1}
+    assert rel["pairs"] == 1 and rel["relayed_s"] == pytest.approx(9.06)  # 10.04 .. 19.1, both ends merged
+    assert rel["via"] == {"0": 1, "3": 2} and rel["longest_s"] == pytest.approx(8.95)
+    first, second = rel["cross_samples"]
+    assert first["relay_possible"] and first["relay_on_s"] == pytest.approx(0.04)
+    assert second["relay_possible"] and second["relay_on_s"] is None  # never relayed
+    assert rel["cross_setup"]["n"] == 1 and rel["cross_setup"]["missed"] == 1
+    assert rel["relayable_s"] == pytest.approx(13.0) and rel["longest_unrelayable_s"] == 0.0

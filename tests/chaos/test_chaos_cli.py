@@ -98,3 +98,56 @@ def test_live_view_renders_faults_verified_and_the_current_stall():
     Console(file=out, width=120).print(LiveView(seed=9, duration=60, live=False)._render(5.0, states, ["#3 cut"], 2))
     text = out.getvalue()
     assert "seed 9" in text and "#3 cut" in text and "61 operations" in text and "outstanding 2." in text
+
+
+def test_cross_hold_makes_crosses_outlast_the_no_path_deadline(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(chaos, ["--schedule-only", "--duration", "5m", "--seed", "4", "--cross-hold", "20s:30s",
+                                "--interval", "2s", "--max-active", "2", "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    sched = Schedule.load(str(tmp_path / "c.json"))
+    crosses = [f for f in sched.faults if f.kind == "cross"]
+    assert crosses and all(20.0 <= f.hold <= 30.0 for f in crosses)
+    assert sched.params["cross_hold"] == [20.0, 30.0]
+    for a in crosses:  # never two at once: no host would have every rail to relay either pair
+        assert not [b for b in crosses if b is not a and b.at <= a.at < b.end]
+    line = next(x for x in res.output.splitlines() if x.startswith("no-path deadline"))
+    deadline = float(line.split()[2])
+    assert deadline < 20.0 and f"{len(crosses)} of {len(crosses)} cross faults last longer" in line
+    same = runner.invoke(chaos, ["--schedule-only", "--duration", "5m", "--seed", "4", "--interval", "2s",
+                                 "--max-active", "2", "--no-path-timeout", "25s", "--cross-hold", "20s:30s"])
+    assert "no-path deadline 25 s" in same.output
+    for bad in ("0s", "30s:20s", "soon"):
+        assert runner.invoke(chaos, ["--schedule-only", "--cross-hold", bad]).exit_code == 2
+
+
+def test_both_policies_in_turn_for_long_runs(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(chaos, ["--schedule-only", "--duration", "20m", "--seed", "9", "--json",
+                                str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    sched = Schedule.load(str(tmp_path / "b.json"))
+    parts = sched.params["parts"]
+    assert [p["policy"] for p in parts] == ["active-backup", "stripe"]  # auto: both from 10 min on
+    assert parts[0]["from"] == 0 and parts[0]["to"] == parts[1]["from"] == 600 and parts[1]["to"] == 1200
+    assert parts[0]["seed"] == 9 and parts[1]["seed"] == 10
+    for p in parts:  # no fault crosses a part's end: the ranks are restarted there
+        inside = [f for f in sched.faults if p["from"] <= f.at < p["to"]]
+        assert inside and all(f.end <= p["to"] - 3.0 + 1e-9 for f in inside)
+    assert "parts: active-backup from 0 s to 600 s" in res.output
+    one = runner.invoke(chaos, ["--schedule-only", "--duration", "20m", "--seed", "9", "--policy", "stripe",
+                                "--json", str(tmp_path / "s.json")])
+    assert one.exit_code == 0 and "parts" not in Schedule.load(str(tmp_path / "s.json")).params
+    short = runner.invoke(chaos, ["--schedule-only", "--duration", "2m", "--seed", "9", "--policy", "both",
+                                  "--json", str(tmp_path / "short.json")])
+    assert [p["policy"] for p in Schedule.load(str(tmp_path / "short.json")).params["parts"]] == [
+        "active-backup", "stripe"]
+    # a plan of one part cannot be played under both policies
+    bad = runner.invoke(chaos, ["--schedule-only", "--schedule", str(tmp_path / "s.json"), "--policy", "both"])
+    assert bad.exit_code == 2 and "two parts" in bad.output
+    # a replayed plan in parts keeps them; a window cuts them too
+    win = runner.invoke(chaos, ["--schedule-only", "--schedule", str(tmp_path / "b.json"), "--window", "500:700",
+                                "--json", str(tmp_path / "w.json")])
+    assert win.exit_code == 0, win.output
+    w = Schedule.load(str(tmp_path / "w.json"))
+    assert [(p["policy"], p["from"]) for p in w.params["parts"]] == [("active-backup", 0.0), ("stripe", 100.0)]

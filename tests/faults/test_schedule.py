@@ -118,3 +118,63 @@ def test_window_replays_a_stretch_from_zero():
     orig = {f.id: f for f in s.faults}
     for f in w.faults:
         assert f.at == pytest.approx(orig[f.id].at - 30) and f.targets == orig[f.id].targets
+
+
+def test_with_relays_a_cross_a_third_host_reaches_is_relayable_and_only_what_none_reaches_is_no_path():
+    from linkescape.faults import unrelayable_stretches
+
+    def states(faults, hosts=3, settle=0.0):
+        s = scripted(faults, hosts=hosts, rails=2, duration=20)
+        return [(a, b, st) for a, b, st in path_timeline(s.intervals(), hosts, 2, t_end=20, relay=True,
+                                                         settle=settle)]
+
+    cross = {"kind": "cross", "targets": [[0, 0], [1, 1]], "at": 2, "hold": 6}
+    assert states([cross]) == [(2, 8, "relayable"), (8, 20, "clean")]  # host 2 has both rails
+    assert states([cross], hosts=2) == [(2, 8, "no_path"), (8, 20, "clean")]  # nobody to relay
+    # host 2 loses a rail for a while: no relay then
+    busy = [cross, {"kind": "cut", "host": 2, "rail": 1, "at": 4, "hold": 2}]
+    assert states(busy) == [(2, 4, "relayable"), (4, 6, "no_path"), (6, 8, "relayable"), (8, 20, "clean")]
+    # ... and a relay only once its links are re-opened (settle)
+    assert states(busy, settle=1.0)[1:3] == [(4, 7, "no_path"), (7, 8, "relayable")]
+    # an isolated host cannot be relayed to
+    iso = [{"kind": "isolate", "targets": [[0, 0], [0, 1]], "at": 1, "hold": 2}]
+    assert states(iso, hosts=4)[0] == (1, 3, "no_path")
+    s = scripted(busy, hosts=3, rails=2, duration=20)
+    # hosts 0 and 2 share no rail either then, and host 1 has lost one: nobody relays for them
+    assert unrelayable_stretches(s.intervals(), 3, 2) == {(0, 1): [(4, 6)], (0, 2): [(4, 6)]}
+    # a rail being re-opened carries its own pair again, but relays for nobody yet
+    assert unrelayable_stretches(s.intervals(), 3, 2, settle=1.0) == {(0, 1): [(4, 7)], (0, 2): [(4, 6)]}
+    two = scripted([cross, {"kind": "cross", "targets": [[2, 0], [3, 1]], "at": 3, "hold": 2}], hosts=4, rails=2,
+                   duration=20)
+    # two crosses: no host keeps both rails, and every pair across the two rails is cut off
+    assert unrelayable_stretches(two.intervals(), 4, 2) == {p: [(3, 5)] for p in ((0, 1), (0, 3), (1, 2), (2, 3))}
+
+
+def test_cross_hold_draws_long_crosses_and_leaves_the_rest_of_the_draws_alone():
+    a = random_schedule(6, 300, 4, 2)
+    b = random_schedule(6, 300, 4, 2, cross_hold=(15.0, 25.0))
+    crosses = [f for f in b.faults if f.kind == "cross"]
+    assert crosses and all(15.0 <= f.hold <= 25.0 for f in crosses)
+    for f in crosses:  # one at a time, else no host keeps every rail to relay
+        assert not [g for g in crosses if g is not f and g.at <= f.at < g.end]
+    first = next(f for f in a.faults if f.kind == "cross")
+    same = [f for f in a.faults if f.at < first.at]
+    assert [g.to_dict() for g in b.faults[:len(same)]] == [g.to_dict() for g in same]  # same draws before it
+    with pytest.raises(ScheduleError):
+        random_schedule(6, 300, 4, 2, cross_hold=(5.0, 2.0))
+
+
+def test_concatenated_parts_are_played_one_after_the_other():
+    from linkescape.faults import concatenate
+
+    one, two = random_schedule(1, 60, 4, 2), random_schedule(2, 40, 4, 2)
+    s = concatenate([(one, {"policy": "active-backup"}), (two, {"policy": "stripe"})])
+    assert s.duration == 100 and len(s.faults) == len(one.faults) + len(two.faults)
+    assert [f.id for f in s.faults] == sorted(f.id for f in s.faults) and len({f.id for f in s.faults}) == len(s.faults)
+    assert s.parts() == [{"policy": "active-backup", "from": 0.0, "to": 60.0, "seed": 1},
+                         {"policy": "stripe", "from": 60.0, "to": 100.0, "seed": 2}]
+    p2 = s.part_schedule(s.parts()[1])
+    assert [f.at - 60 for f in p2.faults] == pytest.approx([f.at for f in two.faults])
+    assert all(f.end <= 100 - 3 + 1e-6 for f in p2.faults)
+    assert Schedule.from_json(s.to_json()).parts() == s.parts()
+    assert random_schedule(1, 60, 4, 2).parts() == [{"from": 0.0, "to": 60, "policy": None, "seed": 1}]

@@ -25,11 +25,20 @@ Definitions (the report repeats them):
     on every one of its links) while every pair kept a clean rail: TCP itself
     stalls on the lossy path until the library leaves it, so the bound is
     100 ms + ``LOSSY_DETECT`` (+ the detection of other faults).
-  - *no path* (some pair had no usable rail) or *degraded* (its only rails
-    were lossy): the step must end at most 1.5 s (+ its normal time, + the
-    detection of faults that began after the path returned) after every pair
-    has a clean rail again. A step that ends while the outage lasts meets its
-    bound.
+  - *relayable* (some pair had no rail in common, but a third host could
+    relay for every such pair: each of the two kept a clean rail and another
+    host had every rail clean, repaired at least ``RELAY_SETTLE`` s ago; see
+    :func:`~linkescape.faults.schedule.relay_possible`): the library must go
+    on through the relay, so the stall must not exceed 100 ms + the detection
+    time (as for *path left*) + ``RELAY_SETUP`` (1 s: the relay is tried
+    within a timer round of the no-path and confirmed by the first frame back).
+    Also for steps that start within 1.5 s after such a stretch
+    (*after_relayable*).
+  - *no path* (some pair had no usable rail and no relay) or *degraded* (its
+    only rails were lossy): the step must end at most 1.5 s (+ its normal
+    time, + the detection of faults that began after the path returned) after
+    every pair has a clean rail again (or a relay). A step that ends while the
+    outage lasts meets its bound.
 
 * **noise**: the *baseline* steps (no fault within 0.5 s, or after a repair
   that the library did nothing about) show what the machine does on its own;
@@ -50,7 +59,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..faults.measure import first_event, summarize
-from ..faults.schedule import Schedule, path_timeline
+from ..faults.schedule import (Schedule, _pair_state, _pieces, path_timeline, relay_possible,
+                               unrelayable_stretches)
 
 CUT_DETECT = 0.010  # "a few ms" for a carrier loss, with slack for this loaded machine's scheduling
 #: grey failure (issue 7): goodput below half the healthy rate for 1 s, sampled every 100 ms, so a lossy
@@ -62,6 +72,11 @@ STALL_SLACK = 0.100  # issue 7: detection time + 100 ms
 MIN_BASELINE = 50
 NOISE_PERCENTILE = 99.0
 NO_PATH_RESUME = 1.5  # issue 7: at most 1.5 s after a path returns
+#: issue 16: a pair with no common rail goes on through a relay within this of the no-path (tried within a
+#: timer round, confirmed by the first frame back through it)
+RELAY_SETUP = 1.0
+#: a host counts as a relay only this long after its last repair (its links re-dialed: back-off <= 0.5 s)
+RELAY_SETTLE = 1.0
 TICK = 0.010  # the engine's timer tick
 QUIET_BEFORE_REPAIR = 3.0  # failback (hold-down 1 s + re-dial) happens within this after a repair
 DOWN_EVENTS = ("link_down", "failover")
@@ -151,7 +166,8 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
            events: Optional[Mapping[int, Sequence[Mapping[str, Any]]]] = None) -> Dict[str, Any]:
     """Every step's stall, its condition and bound; the longest stall and every violation."""
     normals = normal_times(steps, intervals, world, rate_bps)
-    timeline = [p for p in path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end) if p[2] != "clean"]
+    timeline = [p for p in path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end, relay=True,
+                                         settle=RELAY_SETTLE) if p[2] != "clean"]
     onsets = fault_onsets(runner_log)
     ctx = _Context(timeline, onsets, Spans((iv[0], iv[1]) for iv in intervals), silent, heartbeat)
     ctx.returns = Spans((e["ts"], e["ts"]) for evs in (events or {}).values() for e in evs
@@ -291,7 +307,9 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
     bound = STALL_SLACK + det
     # An outage during the step, or one that ended less than NO_PATH_RESUME before it (the library
     # may still be re-opening links), allows the step to end up to 1.5 s after the path came back.
-    bad = ctx.outages(t0 - NO_PATH_RESUME, t1)
+    near = ctx.outages(t0 - NO_PATH_RESUME, t1)
+    bad = [p for p in near if p[2] != "relayable"]
+    relayed = [p for p in near if p[2] == "relayable"]
     if bad:
         t_back = max(p[1] for p in bad)
         worst = "no_path" if any(p[2] == "no_path" for p in bad) else "degraded"
@@ -302,6 +320,11 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
         row["path_back"] = t_back
         row["condition"] = worst if during else f"after_{worst}"
         bound = max(bound, (t_back - t0) + NO_PATH_RESUME + ctx.detection_in(t_back, t1, lead=False))
+    elif relayed:
+        # no common rail for some pair, but a relay for each: detection + relay set-up, no waiting
+        during = any(p[0] < t1 and p[1] > t0 for p in relayed)
+        row["condition"] = "relayable" if during else "after_relayable"
+        bound += RELAY_SETUP
     elif lossy:
         row["condition"] = "lossy_path_left"
     elif det or ctx.spans.overlaps(t0, t1):
@@ -349,6 +372,88 @@ def judged(condition: str) -> bool:
     ``no_fault`` steps (no fault within 0.5 s, no repair in the 3 s before) and ``after_repair`` ones
     (a repair in the 3 s before, but no failback or re-opened link during the step) are the baseline."""
     return condition not in ("no_fault", "after_repair")
+
+
+# ------------------------------------------------------------ relays
+def relay_intervals(events: Mapping[int, Sequence[Mapping[str, Any]]],
+                    t_end: float) -> List[Dict[str, Any]]:
+    """Every relayed stretch of the trails (per rank): :func:`linkescape.tools.timeline.relay_intervals`."""
+    from ..tools.timeline import relay_intervals as stretches
+
+    return stretches([{**e, "rank": rank} for rank, evs in events.items() for e in evs], t_end)
+
+
+def relays(events: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval],
+           runner_log: Sequence[Mapping[str, Any]], schedule: Schedule, *, t_start: float,
+           t_end: float) -> Dict[str, Any]:
+    """What the relays did: ``relay_on``/``relay_off`` counts (by cause), pairs relayed, the time relayed
+    (per pair of hosts, both directions merged), through which ranks, and per cross fault how long after
+    it took effect its pair was relayed (set-up), when a relay was possible then. Also the time in which
+    some pair had no path but a relay was possible (``relayable_s``), and the longest stretch a pair had
+    neither (``longest_unrelayable_s``: what the no-path deadline must outlast)."""
+    ivs = relay_intervals(events, t_end)
+    on = sum(1 for evs in events.values() for e in evs if e.get("event") == "relay_on")
+    off: Dict[str, int] = {}
+    for evs in events.values():
+        for e in evs:
+            if e.get("event") == "relay_off":
+                off[str(e.get("cause"))] = off.get(str(e.get("cause")), 0) + 1
+    by_pair: Dict[Tuple[int, int], List[Tuple[float, float]]] = {}
+    via: Dict[str, int] = {}
+    from ..tools.timeline import union_seconds
+
+    for r in ivs:
+        key = tuple(sorted((int(r["rank"]), int(r["peer"]))))
+        by_pair.setdefault(key, []).append((r["t_on"], r["t_off"] if r["t_off"] is not None else t_end))
+        via[str(r["via"])] = via.get(str(r["via"]), 0) + 1
+    pair_s = {f"{a}-{b}": union_seconds(sp) for (a, b), sp in sorted(by_pair.items())}  # both ends merged
+    timeline = path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end, relay=True, settle=RELAY_SETTLE)
+    relayable_s = sum(b - a for a, b, st in timeline if st == "relayable")
+    stretches = unrelayable_stretches(intervals, schedule.hosts, schedule.rails, t_end=t_end)
+    longest = max(((b - a, p) for p, sp in stretches.items() for a, b in sp), default=(0.0, None))
+    setups: List[Optional[float]] = []
+    samples = []
+    pieces = list(_pieces(intervals, t_end, RELAY_SETTLE))
+    applied: Dict[int, float] = {}
+    for rec in runner_log:
+        if rec.get("action") == "apply" and rec.get("ts") is not None and not rec.get("error"):
+            applied.setdefault(int(rec["fault"]), rec["ts"])
+    for fid, ts in sorted(applied.items(), key=lambda kv: kv[1]):
+        f = schedule.by_id(fid)
+        if f.kind != "cross":
+            continue
+        a, b = f.hosts
+        # looked at once a relay should be up (or half-way through a shorter cross)
+        possible = _pair_relayable(pieces, schedule, a, b, ts + min(RELAY_SETUP, f.hold / 2.0))
+        first = min((r["t_on"] for r in ivs if {int(r["rank"]), int(r["peer"])} == {a, b}
+                     and ts - 0.05 <= r["t_on"] <= ts + f.hold + 1.0), default=None)
+        setup = None if first is None else first - ts
+        # a cross shorter than its detection (a blackhole's silence) and the set-up may end unrelayed
+        long_enough = f.hold >= RELAY_SETUP + detect_time(f.mode, 0.25, 0.05)
+        if possible and long_enough:
+            setups.append(setup)
+        samples.append({"fault": fid, "hosts": [a, b], "ts": ts, "hold_s": f.hold, "relay_possible": possible,
+                        "long_enough": long_enough, "relay_on_s": setup})
+    s = _summary(setups)
+    return {"relay_on": on, "relay_off": dict(sorted(off.items())), "pairs": len(by_pair),
+            "relayed_s": sum(pair_s.values()), "relayed_s_by_pair": pair_s,
+            "longest_s": max((r["seconds"] for r in ivs), default=0.0), "via": dict(sorted(via.items())),
+            "relayable_s": relayable_s, "longest_unrelayable_s": longest[0],
+            "longest_unrelayable_pair": None if longest[1] is None else list(longest[1]),
+            "cross_setup": s, "cross_samples": samples, "intervals": ivs[:200]}
+
+
+def _pair_relayable(pieces, schedule: Schedule, a: int, b: int, t: float) -> bool:
+    """At time ``t`` (``pieces`` of :func:`~linkescape.faults.schedule._pieces`): has pair (a, b) no rail
+    in common while a relay is possible for it?"""
+    import bisect
+
+    i = bisect.bisect_right([p[0] for p in pieces], t) - 1
+    if i < 0 or t >= pieces[i][1]:
+        return False
+    down = pieces[i][2]
+    return _pair_state(down, a, b, schedule.rails) == "no_path" and relay_possible(down, a, b, schedule.hosts,
+                                                                                   schedule.rails)
 
 
 def fault_spans(runner_log: Sequence[Mapping[str, Any]]) -> Dict[int, Tuple[float, float]]:
@@ -476,5 +581,5 @@ def event_counts(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[str,
 
 
 __all__ = ["stalls", "detection", "false_trips", "event_counts", "normal_times", "wire_bytes", "detect_time",
-           "baseline_noise", "lossy_detections", "STALL_SLACK", "NO_PATH_RESUME", "CUT_DETECT", "LOSSY_DETECT",
-           "MIN_BASELINE"]
+           "baseline_noise", "lossy_detections", "relays", "relay_intervals", "STALL_SLACK", "NO_PATH_RESUME",
+           "CUT_DETECT", "LOSSY_DETECT", "MIN_BASELINE", "RELAY_SETUP", "RELAY_SETTLE"]

@@ -61,6 +61,18 @@ def _hold(text: str):
     return (lo, hi)
 
 
+def _cross_hold(text: Optional[str]):
+    """``20s`` (every cross lasts that long) or ``MIN:MAX`` -> (min, max) seconds, or None."""
+    if not text:
+        return None
+    a, sep, b = text.partition(":")
+    lo = parse_duration(a)
+    hi = parse_duration(b) if sep else lo
+    if not 0 < lo <= hi:
+        raise ValueError(f"--cross-hold: need 0 < MIN <= MAX, got {text!r}")
+    return (lo, hi)
+
+
 @click.command("chaos")
 @click.option("--hosts", type=click.IntRange(2, 15), default=4, show_default=True, help="Testbed hosts (one rank each).")
 @click.option("--rails", type=click.IntRange(1, 16), default=2, show_default=True, help="Rails (NICs) per host.")
@@ -92,19 +104,35 @@ def _hold(text: str):
 @click.option("--live/--no-live", default=None, help="Rich live panel (default: when stdout is a terminal).")
 @click.option("--reanalyze", type=click.Path(exists=True, file_okay=False), default=None, metavar="RUN_DIR",
               help="Report again on an earlier run's directory (no testbed, no root).")
+@click.option("--cross-hold", "cross_hold_text", default=None, metavar="DURATION|MIN:MAX",
+              help="Cross faults last this long (or between MIN and MAX) instead of less than --isolate-bound: "
+                   "longer than the ranks' no-path deadline, so only a relay lets their pair go on.")
+@click.option("--no-path-timeout", type=Duration(), default=None,
+              help="LINKESCAPE_NO_PATH_TIMEOUT of the ranks (default with --cross-hold: the plan's longest stretch "
+                   "in which a pair has neither a path nor a relay, or --isolate-bound, + 5 s; else the library's).")
+@click.option("--policy", type=click.Choice(["auto", "active-backup", "stripe", "both"]), default="auto",
+              show_default=True,
+              help="LINKESCAPE_POLICY of the ranks; both: the first half under active-backup, the second under "
+                   "stripe (new ranks, same testbed); auto: both from --duration 10m on, else the library's default.")
+@click.option("--resource-interval", type=Duration(), default="5s", show_default=True,
+              help="How often every rank's RSS, fds and threads are sampled.")
 def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int], json_path: Optional[str],
           out: Optional[str], kinds: str, interval: float, isolate_bound: float, max_active: int, hold_text: str,
           schedule_path: Optional[str], window: Optional[str], schedule_only: bool, max_bytes: str, hang_s: float,
-          op_timeout: float, live: Optional[bool], reanalyze: Optional[str]) -> None:
+          op_timeout: float, live: Optional[bool], reanalyze: Optional[str], cross_hold_text: Optional[str],
+          no_path_timeout: Optional[float], policy: str, resource_interval: float) -> None:
     """Soak the escape on a testbed: random overlapping faults under every operation, checked exactly.
 
     Faults: cut, blackhole, flap, isolate (every rail of one host, shorter than
-    --isolate-bound), cross (two hosts lose different rails: no common path),
+    --isolate-bound), cross (two hosts lose different rails: no common path,
+    a third host relays; --cross-hold makes them outlast the no-path deadline),
     lossy (1-20 % of packets dropped, carrier up). The seed reproduces the
-    schedule and the workload. Exits 1 on any wrong result, error, hang, or a
-    stall beyond its bound (see the report's definitions).
+    schedule and the workload. Every rank's RSS, fds and threads are sampled
+    over the run (rss.png). Exits 1 on any wrong result, error, hang, a stall
+    beyond its bound, or (parts of 10 min or more) a rank whose RSS, fds or
+    threads grow (see the report's definitions).
     """
-    from .controller import ChaosOptions, plan, run_chaos
+    from .controller import ChaosOptions, no_path_deadline, parts_of, plan, run_chaos
     from .report import build_report, format_report, load_run
 
     if reanalyze:
@@ -122,7 +150,8 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
                             duration=duration, seed=seed, json_path=json_path, out=out, kinds=_kinds(kinds),
                             interval=interval, isolate_bound=isolate_bound, max_active=max_active,
                             hold=_hold(hold_text), max_bytes=parse_size(max_bytes), op_timeout=op_timeout,
-                            hang_s=hang_s, live=live,
+                            hang_s=hang_s, live=live, policy=policy, cross_hold=_cross_hold(cross_hold_text),
+                            no_path_timeout=no_path_timeout, resource_interval=resource_interval,
                             command=" ".join(["linkescape", "chaos", *sys.argv[2:]]) if len(sys.argv) > 1 else None)
         if schedule_path:
             opts.schedule = Schedule.load(schedule_path)
@@ -135,11 +164,21 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
             opts.schedule = sched
         if "cross" in opts.kinds and (hosts < 2 or rails < 2) and not schedule_path:
             raise ScheduleError("cross needs 2 hosts and 2 rails; pass --kinds without it")
+        parts = parts_of(opts, sched)
+        deadline, longest = no_path_deadline(opts, sched)
     except (ScheduleError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     if schedule_only:
         click.echo(f"seed {sched.seed}: {len(sched.faults)} faults over {sched.duration:.0f} s ("
                    + ", ".join(f"{k} {v}" for k, v in sched.counts().items()) + ")")
+        if len(parts) > 1:
+            click.echo("parts: " + "; ".join(f"{p.get('policy') or 'default'} from {p['from']:g} s to {p['to']:g} s "
+                                              f"(seed {p.get('seed')})" for p in parts))
+        if deadline is not None:
+            crosses = [f for f in sched.faults if f.kind == "cross"]
+            click.echo(f"no-path deadline {deadline:g} s: {sum(1 for f in crosses if f.hold > deadline)} of "
+                       f"{len(crosses)} cross faults last longer; longest stretch with neither a path nor a relay "
+                       f"for some pair: {longest:.1f} s")
         for f in sched.faults:
             click.echo(f"  {f.label}")
         if json_path:

@@ -28,6 +28,7 @@ class RankState:
     exit: Optional[Dict[str, Any]] = None
     hung: bool = False
     returncode: Optional[int] = None
+    part: Optional[int] = None  #: which part of the run (None: a run of one part)
 
     def outstanding(self, now: float) -> Optional[float]:
         """Seconds the current step has been outstanding (None when between steps or not started)."""
@@ -44,20 +45,26 @@ class Ranks:
     """Start ``world`` chaos workers, one in each of ``hosts`` of ``tb`` (a :class:`~linkescape.testbed.job.RankJob`)."""
 
     def __init__(self, tb, hosts: List[int], run_dir: str, *, seed: int, max_bytes: int,
-                 env: Mapping[str, str]) -> None:
+                 env: Mapping[str, str], part: Optional[int] = None) -> None:
         from ..testbed.job import RankJob
 
         self.tb = tb
         self.dir = run_dir
         self.world = len(hosts)
-        self.states = [RankState(rank, host) for rank, host in enumerate(hosts)]
+        self.part = part
+        self.states = [RankState(rank, host, part=part) for rank, host in enumerate(hosts)]
         self.lock = threading.Lock()
-        store = os.path.join(run_dir, "store")
+        # ops and event trails go to the run directory (appended by every part); the job's own files (store,
+        # stop file, stderr) to the part's directory when the run has several parts
+        workdir = run_dir if part is None else os.path.join(run_dir, f"part-{part}")
+        os.makedirs(workdir, exist_ok=True)
+        self.workdir = workdir
+        store = os.path.join(workdir, "store")
         commands = [[sys.executable, "-m", "linkescape.chaos.worker", "--rank", str(rank), "--world", str(self.world),
                      "--store", store, "--seed", str(seed), "--ops", self.ops_path(rank),
-                     "--stop-file", os.path.join(run_dir, "stop"), "--max-bytes", str(max_bytes)]
+                     "--stop-file", os.path.join(workdir, "stop"), "--max-bytes", str(max_bytes)]
                     for rank in range(self.world)]
-        self.job = RankJob(commands, tb=tb, hosts=hosts, env=env, workdir=run_dir, stderr_files=True,
+        self.job = RankJob(commands, tb=tb, hosts=hosts, env=env, workdir=workdir, stderr_files=True,
                            on_record=self._on_record)
         self.stop_file = self.job.stop_file
         self.procs = self.job.procs
@@ -74,8 +81,8 @@ class Ranks:
             elif ev == "ready":
                 st.ready = True
             elif ev == "resources":
-                st.resources[rec.get("at", "?")] = {k: v for k, v in rec.items()
-                                                    if k not in ("event", "at", "rank")}
+                st.resources[rec.get("at", "?")] = {**{k: v for k, v in rec.items()
+                                                       if k not in ("event", "at", "rank")}, "t": time.time()}
             elif ev == "mismatch":
                 st.mismatches.append(rec)
             elif ev == "exit":
@@ -112,12 +119,32 @@ class Ranks:
         self.job.kill()
 
     # ------------------------------------------------------------ results
+    def resources(self) -> List[Optional[Dict[str, float]]]:
+        """Each rank's RSS (MB), open fds and OS threads, read from ``/proc`` (None once it ended)."""
+        return [proc_resources(p.pid) if p.poll() is None else None for p in self.procs]
+
     def tcp_counters(self) -> List[Optional[Dict[str, int]]]:
         """Each rank's namespace's TCP counters (``/proc/PID/net``: no process to spawn), None once it ended."""
         return [tcp_counters(p.pid) if p.poll() is None else None for p in self.procs]
 
     def stderr_tail(self, rank: int, n: int = 4000) -> str:
         return self.job.stderr_tail(rank, n)
+
+
+def proc_resources(pid: int) -> Optional[Dict[str, float]]:
+    """RSS in MB, open file descriptors and OS threads of process ``pid`` (None if it is gone)."""
+    out: Dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    out["rss_mb"] = round(int(line.split()[1]) / 1024.0, 2)
+                elif line.startswith("Threads:"):
+                    out["threads"] = int(line.split()[1])
+        out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError, IndexError):
+        return None
+    return out if "rss_mb" in out else None
 
 
 _TCP_KEYS = {("TcpExt:", "TCPTimeouts"): "rto", ("TcpExt:", "TCPLossProbes"): "tlp",
@@ -141,4 +168,4 @@ def tcp_counters(pid: int) -> Optional[Dict[str, int]]:
     return out
 
 
-__all__ = ["Ranks", "RankState", "tcp_counters"]
+__all__ = ["Ranks", "RankState", "tcp_counters", "proc_resources"]

@@ -25,9 +25,19 @@ DEFINITIONS = {
     "bound_lossy_path_left": "a lossy NIC was still in use (not yet left on all its links) while every pair kept a "
                              f"clean rail: stall <= 100 ms + {analysis.LOSSY_DETECT:g} s (+ other detections): TCP "
                              "stalls on a lossy path until the library leaves it",
-    "bound_no_path": "some pair had no usable rail (no_path) or only lossy ones (degraded): the step ends at most "
-                     "1.5 s + its normal time (+ detection of faults begun after) after every pair has a clean rail "
-                     "again; a step that ends during the outage meets its bound",
+    "bound_no_path": "some pair had no usable rail and no relay (no_path) or only lossy ones (degraded): the step "
+                     "ends at most 1.5 s + its normal time (+ detection of faults begun after) after every pair has a "
+                     "clean rail (or a relay) again; a step that ends during the outage meets its bound",
+    "bound_relayable": "some pair had no rail in common but a relay was possible for every such pair (each kept a "
+                       "clean rail and a third host had every rail clean, repaired at least "
+                       f"{analysis.RELAY_SETTLE:g} s before): stall <= 100 ms + detection (as for path left) + "
+                       f"{analysis.RELAY_SETUP:g} s of relay set-up; also for steps starting within 1.5 s after",
+    "relays": "relay_on -> relay_off per rank and peer from the event trails; time relayed per pair of hosts "
+              "(both directions merged); cross set-up: the cross fault applied -> the pair's first relay_on, for "
+              "crosses a relay could bridge",
+    "resources": "every rank's RSS, open fds and OS threads read from /proc every few seconds; slope per hour from "
+                 "a least-squares fit over the samples after warm-up, per part (new processes); judged flat only "
+                 "for parts of 10 min or more",
     "noise": "a judged step violates its bound when its stall exceeds the bound + the run's noise allowance: the "
              "1 - 1/N quantile (N judged steps; at least p99, at most the maximum) of the same run's baseline "
              f"stalls (no fault near; counted once {analysis.MIN_BASELINE} baseline steps measure it), what "
@@ -39,23 +49,48 @@ DEFINITIONS = {
 }
 
 
-def collect(*, opts, schedule, ranks, runner, cfg, rdir: str, events_tmpl: str, t_start: float, t_end: float,
-            hung_during: Optional[str], setup_error: Optional[str]) -> Dict[str, Any]:
-    """Everything a report needs, as plain data (saved as ``run.json``; steps and events stay in their files)."""
+def collect(*, opts, schedule, parts, cfg, rdir: str, events_tmpl: str, t_start: float,
+            t_end: float) -> Dict[str, Any]:
+    """Everything a report needs, as plain data (saved as ``run.json``; steps, events and resource samples stay
+    in their files). ``parts``: what each part played (its ``ranks``, ``runner``, times and troubles)."""
+    log: List[Dict[str, Any]] = []
+    intervals: List[List[Any]] = []
+    fault_times: Dict[str, Any] = {}
+    states: List[Dict[str, Any]] = []
+    meta: List[Dict[str, Any]] = []
+    t0 = None
+    for p in parts:
+        runner, ranks = p.get("runner"), p.get("ranks")
+        if runner is not None:
+            log += list(runner.log)
+            intervals += [list(iv) for iv in runner.intervals(now=p.get("t_end") or t_end)]
+            fault_times.update({str(k): v for k, v in runner.fault_times().items()})
+            t0 = runner.t0 if t0 is None else t0
+        if ranks is not None:
+            states += [{"rank": st.rank, "host": st.host, "part": p.get("part"), "policy": p.get("policy"),
+                        "t_from": p.get("t_start"), "t_to": p.get("t_end"),
+                        "exit": st.exit, "hung": st.hung, "returncode": st.returncode, "progress": st.progress,
+                        "resources": st.resources, "mismatches": st.mismatches,
+                        "stderr_tail": ranks.stderr_tail(st.rank, 3000) if st.exit is None or st.exit.get("error")
+                        else ""} for st in ranks.states]
+        meta.append({"part": p.get("part"), "policy": p.get("policy"), "seed": p.get("seed"), "from": p["from"],
+                     "to": p["to"], "t_start": p.get("t_start"), "t_end": p.get("t_end"),
+                     "t0": runner.t0 if runner is not None else None, "hung_during": p.get("hung_during"),
+                     "setup_error": p.get("setup_error")})
+    hung = "; ".join(f"part {m['part']}: {m['hung_during']}" if m["part"] else m["hung_during"]
+                     for m in meta if m["hung_during"]) or None
+    setup = "; ".join(f"part {m['part']}: {m['setup_error']}" if m["part"] else m["setup_error"]
+                      for m in meta if m["setup_error"]) or None
     return {
         "seed": schedule.seed, "run_dir": rdir, "hosts": opts.hosts, "rails": opts.rails, "rate": opts.rate,
-        "events_tmpl": events_tmpl, "t_start": t_start, "t_end": t_end, "t0": runner.t0 if runner else None,
-        "hung_during": hung_during, "setup_error": setup_error,
+        "events_tmpl": events_tmpl, "t_start": t_start, "t_end": t_end, "t0": t0,
+        "hung_during": hung, "setup_error": setup,
         "config": {"silent_timeout_ms": cfg.silent_timeout * 1000, "heartbeat_ms": cfg.heartbeat_interval * 1000,
-                   "failback_holddown_ms": cfg.failback_holddown * 1000, "op_timeout_s": opts.op_timeout},
-        "log": list(runner.log) if runner is not None else [],
-        "fault_times": {str(k): v for k, v in (runner.fault_times() if runner is not None else {}).items()},
-        "intervals": [list(iv) for iv in (runner.intervals(now=t_end) if runner is not None else [])],
-        "ranks": None if ranks is None else [
-            {"rank": st.rank, "host": st.host, "exit": st.exit, "hung": st.hung, "returncode": st.returncode,
-             "progress": st.progress, "resources": st.resources, "mismatches": st.mismatches,
-             "stderr_tail": ranks.stderr_tail(st.rank, 3000) if st.exit is None or st.exit.get("error") else ""}
-            for st in ranks.states],
+                   "failback_holddown_ms": cfg.failback_holddown * 1000, "op_timeout_s": opts.op_timeout,
+                   "no_path_timeout_s": cfg.no_path_timeout,
+                   "policies": [m["policy"] or cfg.policy for m in meta]},
+        "log": log, "fault_times": fault_times, "intervals": intervals,
+        "ranks": states or None, "parts": meta,
     }
 
 
@@ -112,7 +147,12 @@ def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     rep["machine"] = data.get("machine")
     rep["false_trips"] = analysis.false_trips(events, intervals, {r: r for r in range(world)})
     rep["events"] = analysis.event_counts(events)
-    rep["resources"] = {st_["rank"]: st_["resources"] for st_ in states}
+    rep["relays"] = analysis.relays(events, intervals, log, schedule, t_start=data["t_start"], t_end=t_end)
+    _relay_verdict(rep["relays"], data, reasons)
+    rep["resources"] = _resources_per_rank(states)
+    rep.update(_resource_trends(data, reasons))
+    rep["parts"] = _parts(data, st, rep)
+    rep["no_path"] = data.get("no_path") or {"deadline_s": cfg.get("no_path_timeout_s")}
     rep["t0"] = t_ref
     rep["verdict"] = {"pass": not reasons, "reasons": reasons}
     rep["exit_code"] = 0 if not reasons else 1
@@ -138,10 +178,16 @@ def _operations(states: List[Mapping[str, Any]], steps: Mapping[int, List[Dict[s
                 reasons: List[str]) -> Dict[str, Any]:
     """The operations every rank verified, and the wrong results."""
     verified: Dict[str, int] = {n: 0 for n in workload.OPERATIONS}
-    per_rank = {}
+    per_rank: Dict[int, int] = {}
+    several = len({st.get("part") for st in states}) > 1
     for st in states:
-        counts = (st.get("exit") or {}).get("counts") or _count_ops(steps.get(st["rank"], []))
-        per_rank[st["rank"]] = sum(counts.values())
+        counts = (st.get("exit") or {}).get("counts")
+        if not counts:
+            recs = steps.get(st["rank"], [])
+            if several:  # a part that ended without its counts: its own steps (they are in its time)
+                recs = [r for r in recs if st.get("t_from", -1e18) <= r["t0"] <= st.get("t_to", 1e18)]
+            counts = _count_ops(recs)
+        per_rank[st["rank"]] = per_rank.get(st["rank"], 0) + sum(counts.values())
         for k, v in counts.items():
             verified[k] = verified.get(k, 0) + v
     wrong = sum(rec.get("wrong", 0) for recs in steps.values() for rec in recs)
@@ -177,6 +223,80 @@ def _errors_and_hangs(data: Mapping[str, Any], schedule: Schedule, t_ref: float,
         reasons.append(f"{len(hung)} rank(s) hung or died"
                        + (f" ({data['hung_during']})" if data.get("hung_during") else ""))
     return {"errors": errors, "hung": hung, "hung_during": data.get("hung_during")}
+
+
+def _resources_per_rank(states: List[Mapping[str, Any]]) -> Dict[int, Dict[str, Any]]:
+    """start / warm / end / closed per rank (the first part's), and with several parts each part's too."""
+    out: Dict[int, Dict[str, Any]] = {}
+    several = len({st.get("part") for st in states}) > 1
+    for st in states:
+        res = out.setdefault(st["rank"], dict(st["resources"]))
+        if several:
+            res.setdefault("parts", []).append({"part": st.get("part"), "policy": st.get("policy"),
+                                                **st["resources"]})
+    return out
+
+
+def _resource_trends(data: Mapping[str, Any], reasons: List[str]) -> Dict[str, Any]:
+    """The resource samples' trends (``resource_trends``) and the verdict on them."""
+    from . import resources
+
+    samples = resources.load(data["run_dir"])
+    parts = data.get("parts") or [{"part": None, "policy": None}]
+    tr = resources.trends(samples, parts)
+    if tr["reasons"]:
+        reasons.append("resources not flat: " + "; ".join(tr["reasons"][:4]))
+    return {"resource_trends": tr, "resource_samples": len(samples)}
+
+
+def _relay_verdict(rel: Mapping[str, Any], data: Mapping[str, Any], reasons: List[str]) -> None:
+    """A pair that had a relay to go on through must not be lost: LinkFailure while relayable is a failure
+    (it already is, as an error); here only what the trail says of the relays' own health."""
+    lost = [s for s in rel.get("cross_samples", []) if s["relay_possible"] and s["relay_on_s"] is None
+            and s["hold_s"] > (data.get("no_path") or {}).get("deadline_s", 1e18)]
+    if lost:
+        reasons.append(f"{len(lost)} cross fault(s) held longer than the no-path deadline and never relayed")
+
+
+def _parts(data: Mapping[str, Any], st: Mapping[str, Any], rep: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Per part: its policy, wall times, faults applied, operations verified and steps beyond their bound."""
+    out = []
+    meta = data.get("parts") or []
+    for m in meta:
+        a, b = m.get("t_start") or 0.0, m.get("t_end") or 1e18
+        faults = [int(fid) for fid, ft in data["fault_times"].items() if ft.get("start") and a <= ft["start"] <= b]
+        kinds: Dict[str, int] = {}
+        for fid in faults:
+            k = rep["schedule"]["faults"][_index(rep["schedule"], fid)]["kind"]
+            kinds[k] = kinds.get(k, 0) + 1
+        verified = sum(sum(((s.get("exit") or {}).get("counts") or {}).values()) for s in data.get("ranks") or []
+                       if s.get("part") == m.get("part"))
+        viol = sum(1 for v in st.get("violations", []) if a <= v["t0"] <= b)
+        out.append({**m, "faults": kinds, "operations_verified": verified, "violations_listed": viol})
+    return out
+
+
+def _index(sched: Mapping[str, Any], fid: int) -> int:
+    for i, f in enumerate(sched["faults"]):
+        if f["id"] == fid:
+            return i
+    raise KeyError(fid)
+
+
+def write_plots(rep: Mapping[str, Any], paths: List[str]) -> None:
+    """The RSS picture (``rss.png``) beside the report; a missing matplotlib is said in the report."""
+    from . import resources
+
+    samples = resources.load(rep["run_dir"])
+    if not samples:
+        return
+    title = (f"linkescape chaos: seed {rep['seed']}, {rep['hosts']} hosts x {rep['rails']} rails, "
+             f"{rep['duration_s'] / 60:.0f} min of faults, RSS / fds / threads per rank")
+    try:
+        rep["rss_png"] = resources.plot(paths, samples, rep.get("resource_trends") or {}, title)
+    except Exception as exc:  # noqa: BLE001 - the report is worth more than its picture
+        rep["rss_png"] = []
+        rep["rss_png_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _count_ops(recs) -> Dict[str, int]:
@@ -250,18 +370,78 @@ def format_report(rep: Dict[str, Any]) -> str:
         for e in ft["examples"][:5]:
             add(f"  {e}")
         add("events: " + ", ".join(f"{k} {v}" for k, v in rep["events"].items()))
+        _relays(rep.get("relays"), rep.get("no_path"), add)
         if rep.get("tcp"):
             add("TCP in the hosts over the run: " + ", ".join(f"{k} {v}" for k, v in rep["tcp"].items())
                 + " (rto: retransmission timeouts, tlp: tail-loss probes)")
         add("resources per rank (fds / OS threads / RSS MB): start -> warm -> end -> after close")
         for r, res in rep["resources"].items():
-            cells = [f"{res[a].get('fds')}/{res[a].get('threads')}/{res[a].get('rss_mb')}" if a in res else "-"
-                     for a in ("start", "warm", "end", "closed")]
-            left = res.get("closed", {}).get("leftover_threads")
-            add(f"  rank {r}: " + " -> ".join(cells) + (f"  threads left after close: {left}" if left else ""))
+            for label, one in ([(f"part {x.get('part')} ({x.get('policy') or 'default'})", x)
+                                for x in res["parts"]] if res.get("parts") else [("", res)]):
+                cells = [f"{one[a].get('fds')}/{one[a].get('threads')}/{one[a].get('rss_mb')}" if a in one else "-"
+                         for a in ("start", "warm", "end", "closed")]
+                left = one.get("closed", {}).get("leftover_threads")
+                add(f"  rank {r}{' ' + label if label else ''}: " + " -> ".join(cells)
+                    + (f"  threads left after close: {left}" if left else ""))
+        _trends(rep.get("resource_trends"), rep.get("rss_png"), add)
+        for part in rep.get("parts") or []:
+            if part.get("part") is None:
+                continue
+            add(f"part {part['part']}: policy {part.get('policy') or 'default'}, "
+                f"{(part.get('t_end') or 0) - (part.get('t_start') or 0):.0f} s wall, faults "
+                + (", ".join(f"{k} {v}" for k, v in part["faults"].items()) or "none")
+                + f", {part['operations_verified']} operations verified"
+                + (f"; {part['setup_error']}" if part.get("setup_error") else "")
+                + (f"; {part['hung_during']}" if part.get("hung_during") else ""))
     v = rep["verdict"]
     add(("PASS" if v["pass"] else "FAIL") + ("" if v["pass"] else ": " + "; ".join(v["reasons"])))
     return "\n".join(L)
+
+
+def _relays(rel: Optional[Mapping[str, Any]], no_path: Optional[Mapping[str, Any]], add) -> None:
+    if not rel:
+        return
+    off = ", ".join(f"{k} {v}" for k, v in rel["relay_off"].items()) or "none"
+    add(f"relays: relay_on {rel['relay_on']}, relay_off {sum(rel['relay_off'].values())} ({off}); "
+        f"{rel['pairs']} pair(s) relayed for {rel['relayed_s']:.1f} s in all (longest {rel['longest_s']:.1f} s)"
+        + (", via " + ", ".join(f"rank {k} x{v}" for k, v in rel["via"].items()) if rel["via"] else "")
+        + f"; a relay was possible (some pair had no common rail, a third host could bridge it) for "
+        f"{rel['relayable_s']:.1f} s; longest stretch of a pair with neither: {rel['longest_unrelayable_s']:.1f} s")
+    cs = rel.get("cross_setup") or {}
+    samples = rel.get("cross_samples") or []
+    if samples:
+        possible = sum(1 for x in samples if x["relay_possible"])
+        timing = (f"{cs['median_ms']:.0f} / {cs['p99_ms']:.0f} / {cs['max_ms']:.0f} ms (median / p99 / max, n "
+                  f"{cs['n']}, never relayed {cs['missed']})" if cs.get("n")
+                  else f"- (never relayed {cs.get('missed', 0)})")
+        add(f"  cross faults: {len(samples)}, {possible} with a relay possible; cross -> relay_on {timing} (crosses "
+            f"longer than detection + relay set-up)")
+    if no_path and no_path.get("set"):
+        add(f"  no-path deadline of the ranks {no_path['deadline_s']:g} s: {no_path.get('crosses_longer', 0)} of "
+            f"{no_path.get('crosses', 0)} cross faults lasted longer (only a relay lets their pair go on)")
+
+
+def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
+    if not tr or not tr.get("parts"):
+        return
+    iv = tr.get("interval_s")
+    add(f"resources over time (sampled every {iv:.0f} s; least-squares slope per hour after warm-up, RSS MB / fds "
+        f"/ threads):" if iv else "resources over time (slope per hour after warm-up, RSS MB / fds / threads):")
+    for p in tr["parts"]:
+        head = f"  part {p['part']} ({p.get('policy') or 'default'})" if p.get("part") else "  every rank"
+        cells = []
+        for r, row in p["ranks"].items():
+            vals = [row.get(k) for k in ("rss_mb", "fds", "threads")]
+            cells.append(f"rank {r} " + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in vals)
+                         + (f" (RSS {vals[0]['first']:.0f} -> {vals[0]['last']:.0f} MB)" if vals[0] else ""))
+        add(f"{head}: " + "; ".join(cells) + ("" if p["judged"] else "  (not judged: shorter than "
+                                                                        f"{tr['judge_min_s'] / 60:.0f} min)"))
+    if tr.get("flat") is not None:
+        lim = tr["limits_per_hour"]
+        add(f"  flat (RSS <= {lim['rss_mb']:g} MB/h, fds and threads <= {lim['fds']:g}/h): "
+            + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
+    if pngs:
+        add(f"  picture: {pngs[0]}")
 
 
 def _stalls(st: Dict[str, Any], add, t0: float) -> None:
@@ -310,4 +490,4 @@ def _stalls(st: Dict[str, Any], add, t0: float) -> None:
             f"rank {r} {_ms(g['longest_s'])}" for r, g in gaps.items()))
 
 
-__all__ = ["collect", "build_report", "load_run", "format_report", "DEFINITIONS"]
+__all__ = ["collect", "build_report", "load_run", "format_report", "write_plots", "DEFINITIONS"]

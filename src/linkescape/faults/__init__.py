@@ -12,8 +12,10 @@
 from .injectors import EmulatedInjector, Injector, TestbedInjector
 from .runner import ScheduleRunner
 from .schedule import (DOWN_MODES, ISOLATE_BOUND, KINDS, MECHANISMS, Fault, Schedule, ScheduleError, Step,
-                       UnsupportedFault, path_timeline, random_schedule, scripted)
+                       UnsupportedFault, concatenate, path_timeline, random_schedule, relay_possible, scripted,
+                       unrelayable_stretches)
 
 __all__ = ["Fault", "Schedule", "Step", "ScheduleError", "UnsupportedFault", "random_schedule", "scripted",
-           "path_timeline", "Injector", "TestbedInjector", "EmulatedInjector", "ScheduleRunner", "KINDS",
+           "concatenate", "path_timeline", "relay_possible", "unrelayable_stretches", "Injector", "TestbedInjector",
+           "EmulatedInjector", "ScheduleRunner", "KINDS",
            "MECHANISMS", "DOWN_MODES", "ISOLATE_BOUND"]

@@ -25,9 +25,15 @@ another fault's effect early.
 ``random.Random``), so the seed reproduces it; :meth:`Schedule.to_json` and
 :meth:`Schedule.from_json` store and replay it exactly (a scripted plan).
 
+
 :func:`path_timeline` says, for any set of down intervals (planned or as
 applied), when every pair of hosts had a clean rail in common, when some pair
-had only lossy ones, and when some pair had none.
+had only lossy ones, and when some pair had none; with ``relay=True`` it also
+tells a no-path that a third host could bridge (``relayable``: every pair
+without a rail in common has a clean rail each, and some other host has every
+rail clean) from one that must be waited out. :func:`unrelayable_stretches`
+gives, per pair, the stretches with no path and no relay (what the ranks'
+no-path deadline must outlast).
 """
 
 from __future__ import annotations
@@ -235,11 +241,34 @@ class Schedule:
         return {k: v for k, v in out.items() if v}
 
     def window(self, t0: float, t1: float) -> "Schedule":
-        """The faults that start in ``[t0, t1)``, shifted to start ``t0`` = 0 (to replay a stretch)."""
+        """The faults that start in ``[t0, t1)``, shifted to start ``t0`` = 0 (to replay a stretch).
+        Parts (``params["parts"]``, see :meth:`parts`) are cut and shifted the same way."""
         faults = [Fault(**{**f.__dict__, "at": f.at - t0}) for f in self.faults if t0 <= f.at < t1]
         end = max([t1 - t0] + [f.end for f in faults])
-        return Schedule(faults, end, self.hosts, self.rails, seed=self.seed,
-                        params={**self.params, "window": [t0, t1]})
+        params: Dict[str, Any] = {**self.params, "window": [t0, t1]}
+        if self.params.get("parts"):
+            parts = []
+            for p in self.params["parts"]:
+                a, b = max(float(p["from"]), t0) - t0, min(float(p["to"]), t1) - t0
+                if b > a:
+                    ends = [f.end for f in faults if a <= f.at < b]
+                    parts.append({**p, "from": round(a, 6), "to": round(max([b] + ends), 6)})
+            params["parts"] = parts
+        return Schedule(faults, end, self.hosts, self.rails, seed=self.seed, params=params)
+
+    def parts(self) -> List[Dict[str, Any]]:
+        """The stretches the plan is played in, each by ranks of its own (``params["parts"]``:
+        ``{"from", "to", "policy", "seed"}``, no fault crossing a boundary); one part when none is given."""
+        got = self.params.get("parts")
+        if not got:
+            return [{"from": 0.0, "to": self.duration, "policy": None, "seed": self.seed}]
+        return [dict(p) for p in got]
+
+    def part_schedule(self, part: Mapping[str, Any]) -> "Schedule":
+        """The faults of one part (offsets unchanged: the part is played from offset ``part["from"]``)."""
+        a, b = float(part["from"]), float(part["to"])
+        return Schedule([f for f in self.faults if a <= f.at < b], b, self.hosts, self.rails, seed=self.seed,
+                        params={**self.params, "part": dict(part)})
 
     # ------------------------------------------------------------ storing
     def to_dict(self) -> Dict[str, Any]:
@@ -294,14 +323,21 @@ def random_schedule(seed: int, duration: float, hosts: int, rails: int, *,
                     tail: float = 3.0, max_active: int = 3, hold: Tuple[float, float] = (0.5, 4.0),
                     isolate_bound: float = ISOLATE_BOUND, loss: Tuple[float, float] = LOSS_RANGE,
                     flap_period: Tuple[float, float] = (0.2, 1.0),
-                    flap_cycles: Tuple[int, int] = (2, 5)) -> Schedule:
+                    flap_cycles: Tuple[int, int] = (2, 5),
+                    cross_hold: Optional[Tuple[float, float]] = None) -> Schedule:
     """Faults at random: a new one every ``interval`` s on average (exponential gaps).
 
     Nothing starts in the first ``warmup`` s; everything is repaired ``tail`` s
     before the end. A fault that would make more than ``max_active`` overlap is
     skipped (its draw is still consumed, so the rest of the plan does not
-    change). ``isolate`` and ``cross`` last less than ``isolate_bound``.
-    The same arguments always give the same plan.
+    change). ``isolate`` and ``cross`` last less than ``isolate_bound``;
+    with ``cross_hold`` = (min, max) a ``cross`` lasts between those instead
+    (a relay bridges it, so it may outlast the no-path deadline), and a cross
+    never starts while another is on (two crosses leave no host that every
+    rail reaches, so nothing could relay either pair). The same
+    arguments always give the same plan, and ``cross_hold`` changes only the
+    holds of the crosses' draws (which, being longer, may leave out later faults that would overlap
+    more than ``max_active``).
     """
     kinds = tuple(kinds)
     unknown = [k for k in kinds if k not in KINDS]
@@ -313,6 +349,8 @@ def random_schedule(seed: int, duration: float, hosts: int, rails: int, *,
         raise ScheduleError("interval, max_active, hold and isolate_bound must be positive")
     if not (0 < loss[0] <= loss[1] <= 100):
         raise ScheduleError(f"loss range {loss} must be within (0, 100] percent")
+    if cross_hold is not None and not (0 < cross_hold[0] <= cross_hold[1]):
+        raise ScheduleError(f"cross_hold {cross_hold} must be 0 < MIN <= MAX")
     rng = random.Random(seed)
     last_end = duration - tail
     faults: List[Fault] = []
@@ -320,23 +358,51 @@ def random_schedule(seed: int, duration: float, hosts: int, rails: int, *,
     while True:
         t += rng.expovariate(1.0 / interval)
         kind = rng.choice(kinds)
-        draw = _draw(rng, kind, hosts, rails, hold, isolate_bound, loss, flap_period, flap_cycles)
+        draw = _draw(rng, kind, hosts, rails, hold, isolate_bound, loss, flap_period, flap_cycles, cross_hold)
         if t + draw["hold"] > last_end:
             if t + hold[0] > last_end:
                 break
             continue  # this one would not be repaired in time; a shorter one may still fit
         if sum(1 for f in faults if f.at <= t < f.end) >= max_active:
             continue
+        if cross_hold is not None and kind == "cross" and any(f.kind == "cross" and f.at <= t < f.end
+                                                              for f in faults):
+            continue  # two long crosses at once leave no host with every rail: nothing could relay
         faults.append(Fault(id=len(faults), kind=kind, at=round(t, 3), **draw))
     params = {"kinds": list(kinds), "interval": interval, "warmup": warmup, "tail": tail, "max_active": max_active,
               "hold": list(hold), "isolate_bound": isolate_bound, "loss": list(loss),
               "flap_period": list(flap_period), "flap_cycles": list(flap_cycles)}
+    if cross_hold is not None:
+        params["cross_hold"] = list(cross_hold)
     return Schedule(faults, duration, hosts, rails, seed=seed, params=params)
+
+
+def concatenate(parts: Sequence[Tuple[Schedule, Mapping[str, Any]]]) -> Schedule:
+    """One plan of several played one after the other: each ``(schedule, info)`` is shifted to start where
+    the one before ended, its faults renumbered; ``params["parts"]`` says where each part is (``from``,
+    ``to``) with its ``info`` (e.g. the ranks' policy). No fault crosses a part's boundary, so the ranks
+    can be restarted between parts."""
+    if not parts:
+        raise ScheduleError("no parts to concatenate")
+    first = parts[0][0]
+    faults: List[Fault] = []
+    meta: List[Dict[str, Any]] = []
+    t = 0.0
+    for sched, info in parts:
+        if (sched.hosts, sched.rails) != (first.hosts, first.rails):
+            raise ScheduleError("the parts of a plan must have the same hosts and rails")
+        for f in sched.faults:
+            faults.append(Fault(**{**f.__dict__, "id": len(faults), "at": round(f.at + t, 6)}))
+        meta.append({**dict(info), "from": round(t, 6), "to": round(t + sched.duration, 6), "seed": sched.seed})
+        t += sched.duration
+    params = {k: v for k, v in first.params.items() if k not in ("parts", "window")}
+    params["parts"] = meta
+    return Schedule(faults, t, first.hosts, first.rails, seed=first.seed, params=params)
 
 
 def _draw(rng: random.Random, kind: str, hosts: int, rails: int, hold: Tuple[float, float], bound: float,
           loss: Tuple[float, float], flap_period: Tuple[float, float],
-          flap_cycles: Tuple[int, int]) -> Dict[str, Any]:
+          flap_cycles: Tuple[int, int], cross_hold: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
     host = rng.randrange(hosts)
     rail = rng.randrange(rails)
     span = round(rng.uniform(*hold), 3)
@@ -357,25 +423,27 @@ def _draw(rng: random.Random, kind: str, hosts: int, rails: int, hold: Tuple[flo
     other = rng.choice([h for h in range(hosts) if h != host])
     lose = set(rng.sample(range(rails), rng.randint(1, rails - 1)))
     targets = tuple(sorted([(host, r) for r in lose] + [(other, r) for r in range(rails) if r not in lose]))
+    if cross_hold is not None:
+        # the same draws as without it (so the rest of the plan stays), the hold scaled into cross_hold
+        frac = (span - min(0.5, bound / 2)) / max(bound * 0.999 - min(0.5, bound / 2), 1e-9)
+        span = round(cross_hold[0] + min(max(frac, 0.0), 1.0) * (cross_hold[1] - cross_hold[0]), 3)
     return {"hold": span, "targets": targets, "mode": mode}
 
 
 # ------------------------------------------------------------ paths
 def path_timeline(intervals: Iterable[Tuple[float, float, int, int, str]], hosts: int, rails: int,
-                  t_end: Optional[float] = None) -> List[Tuple[float, float, str]]:
+                  t_end: Optional[float] = None, relay: bool = False,
+                  settle: float = 0.0) -> List[Tuple[float, float, str]]:
     """``(t0, t1, state)`` pieces: ``clean`` when every pair of hosts shares a rail that is up and
     not lossy on both ends, ``degraded`` when some pair shares only lossy rails, ``no_path``
-    when some pair shares no usable rail at all. Pieces between changes; adjacent equal states merge."""
-    ivs = [iv for iv in intervals if iv[1] > iv[0]]
-    edges = sorted({t for iv in ivs for t in iv[:2]} | ({t_end} if t_end is not None else set()))
+    when some pair shares no usable rail at all. With ``relay``, a no-path that a third host can
+    bridge is ``relayable`` (see :func:`relay_possible`): ``no_path`` is then only what no relay
+    helps, and a stretch with both a degraded pair and a relayable one is ``degraded``. A rail
+    repaired less than ``settle`` s ago carries a pair's own traffic but no relay yet (its links
+    are being re-opened). Pieces between changes; adjacent equal states merge."""
     out: List[Tuple[float, float, str]] = []
-    for a, b in zip(edges, edges[1:]):
-        mid = (a + b) / 2.0
-        down: Dict[Target, set] = {}
-        for t0, t1, h, r, mech in ivs:
-            if t0 <= mid < t1:
-                down.setdefault((h, r), set()).add(mech)
-        state = _cluster_state(down, hosts, rails)
+    for a, b, down in _pieces(intervals, t_end, settle if relay else 0.0):
+        state = _cluster_state(down, hosts, rails, relay)
         if out and out[-1][2] == state and abs(out[-1][1] - a) < 1e-12:
             out[-1] = (out[-1][0], b, state)
         else:
@@ -383,23 +451,104 @@ def path_timeline(intervals: Iterable[Tuple[float, float, int, int, str]], hosts
     return out
 
 
-def _cluster_state(down: Mapping[Target, set], hosts: int, rails: int) -> str:
-    def rail_state(h: int, r: int) -> str:
-        m = down.get((h, r), set())
-        return "down" if m & {"cut", "blackhole"} else ("lossy" if m else "up")
+def _pieces(intervals: Iterable[Tuple[float, float, int, int, str]], t_end: Optional[float], settle: float = 0.0):
+    """``(a, b, {(host, rail): mechanisms})`` between every change of the intervals; a NIC repaired less
+    than ``settle`` s before holds the pseudo-mechanism ``settling``. A sweep over the sorted changes, so
+    an hour of faults costs seconds, not minutes."""
+    ivs = [iv for iv in intervals if iv[1] > iv[0]]
+    if settle > 0:
+        ivs += [(t1, t1 + settle, h, r, "settling") for t0, t1, h, r, m in ivs]
+    edges = sorted({t for iv in ivs for t in iv[:2]} | ({t_end} if t_end is not None else set()))
+    starts = sorted(ivs, key=lambda iv: iv[0])
+    ends = sorted(ivs, key=lambda iv: iv[1])
+    active: Dict[Tuple[int, int, str], int] = {}
+    i = j = 0
+    for a, b in zip(edges, edges[1:]):
+        # in effect on [a, b): began at or before a, ends after a (no change falls strictly inside)
+        while i < len(starts) and starts[i][0] <= a:
+            key = (starts[i][2], starts[i][3], starts[i][4])
+            active[key] = active.get(key, 0) + 1
+            i += 1
+        while j < len(ends) and ends[j][1] <= a:
+            key = (ends[j][2], ends[j][3], ends[j][4])
+            active[key] -= 1
+            if not active[key]:
+                del active[key]
+            j += 1
+        down: Dict[Target, set] = {}
+        for (h, r, mech) in active:
+            down.setdefault((h, r), set()).add(mech)
+        yield a, b, down
 
+
+def _rail_state(down: Mapping[Target, set], h: int, r: int) -> str:
+    """``down``, ``lossy``, ``settling`` (repaired a moment ago: usable, links re-opening) or ``up``."""
+    m = down.get((h, r), set())
+    if m & {"cut", "blackhole"}:
+        return "down"
+    if "lossy" in m:
+        return "lossy"
+    return "settling" if m else "up"
+
+
+def _pair_state(down: Mapping[Target, set], a: int, b: int, rails: int) -> str:
+    """``clean``, ``degraded`` (only lossy rails in common) or ``no_path`` for one pair of hosts."""
+    ok = ("up", "settling")
+    states = [(_rail_state(down, a, r), _rail_state(down, b, r)) for r in range(rails)]
+    if any(x in ok and y in ok for x, y in states):
+        return "clean"
+    if any("down" not in (x, y) for x, y in states):
+        return "degraded"
+    return "no_path"
+
+
+def relay_possible(down: Mapping[Target, set], a: int, b: int, hosts: int, rails: int) -> bool:
+    """Could a third host bridge hosts ``a`` and ``b``: each of them keeps a clean rail (not settling), and
+    some other host has every rail clean (so it reaches both, whatever rail each kept)?"""
+    if not any(_rail_state(down, a, r) == "up" for r in range(rails)):
+        return False
+    if not any(_rail_state(down, b, r) == "up" for r in range(rails)):
+        return False
+    return any(all(_rail_state(down, c, r) == "up" for r in range(rails))
+               for c in range(hosts) if c not in (a, b))
+
+
+def _cluster_state(down: Mapping[Target, set], hosts: int, rails: int, relay: bool = False) -> str:
     worst = "clean"
     for a in range(hosts):
         for b in range(a + 1, hosts):
-            states = [(rail_state(a, r), rail_state(b, r)) for r in range(rails)]
-            if any(x == "up" and y == "up" for x, y in states):
+            st = _pair_state(down, a, b, rails)
+            if st == "clean":
                 continue
-            if any("down" not in (x, y) for x, y in states):
+            if st == "degraded":
                 worst = "degraded"
+            elif relay and relay_possible(down, a, b, hosts, rails):
+                worst = "relayable" if worst == "clean" else worst
             else:
                 return "no_path"
     return worst
 
 
+def unrelayable_stretches(intervals: Iterable[Tuple[float, float, int, int, str]], hosts: int, rails: int,
+                          t_end: Optional[float] = None,
+                          settle: float = 0.0) -> Dict[Tuple[int, int], List[Tuple[float, float]]]:
+    """Per pair of hosts, the stretches in which it has no usable rail in common and no third host could
+    relay for it (merged when adjacent): how long its ranks must wait for a repair, at most, under
+    these faults. What a no-path deadline must outlast for the job to live through them."""
+    out: Dict[Tuple[int, int], List[Tuple[float, float]]] = {}
+    for a_t, b_t, down in _pieces(intervals, t_end, settle):
+        for a in range(hosts):
+            for b in range(a + 1, hosts):
+                if _pair_state(down, a, b, rails) != "no_path" or relay_possible(down, a, b, hosts, rails):
+                    continue
+                lst = out.setdefault((a, b), [])
+                if lst and abs(lst[-1][1] - a_t) < 1e-9:
+                    lst[-1] = (lst[-1][0], b_t)
+                else:
+                    lst.append((a_t, b_t))
+    return out
+
+
 __all__ = ["Fault", "Schedule", "Step", "ScheduleError", "UnsupportedFault", "random_schedule", "scripted",
-           "path_timeline", "KINDS", "MECHANISMS", "DOWN_MODES", "ISOLATE_BOUND"]
+           "concatenate", "path_timeline", "relay_possible", "unrelayable_stretches", "KINDS", "MECHANISMS",
+           "DOWN_MODES", "ISOLATE_BOUND"]

@@ -1,0 +1,187 @@
+"""Every rank's memory, descriptors and threads over a chaos run: the samples, their trend, the picture.
+
+The controller reads ``/proc/PID/status`` and ``/proc/PID/fd`` of every rank
+every ``--resource-interval`` seconds (5 s) and appends one line to
+``resources.jsonl``: ``{"t", "part", "ranks": [{"rss_mb", "fds", "threads"} or
+null, ...]}``. :func:`trends` fits a least-squares line through each rank's
+samples after its warm-up (per part: a part's ranks are new processes) and
+gives the slope per hour with its standard error, the growth the line makes
+over the part, and whether that is flat. :func:`plot` draws RSS (and fds,
+threads) over time.
+
+*Flat*, judged only for parts of at least :data:`JUDGE_MIN_S` (shorter ones
+are reported, not judged: a few minutes of allocator noise give any slope):
+RSS slope <= :data:`RSS_LIMIT_MB_PER_H`, fds and threads slopes <=
+:data:`COUNT_LIMIT_PER_H` (a rank's links are re-opened during faults, so its
+descriptors and dial threads come and go; a leak grows without end).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .. import jsonl
+
+#: parts shorter than this are not judged for flatness (the trend is reported)
+JUDGE_MIN_S = 600.0
+#: the first part of each part's samples not fitted: min(WARMUP_S, WARMUP_SHARE x the part's length)
+WARMUP_S = 60.0
+WARMUP_SHARE = 0.2
+#: a rank's RSS may trend up by at most this (MB per hour) over a judged part
+RSS_LIMIT_MB_PER_H = 16.0
+#: fds and threads: at most this many per hour
+COUNT_LIMIT_PER_H = 2.0
+KEYS = ("rss_mb", "fds", "threads")
+LIMITS = {"rss_mb": RSS_LIMIT_MB_PER_H, "fds": COUNT_LIMIT_PER_H, "threads": COUNT_LIMIT_PER_H}
+
+
+def load(rdir: str) -> List[Dict[str, Any]]:
+    """The samples of a run directory (empty for runs made before they were taken)."""
+    path = os.path.join(rdir, "resources.jsonl")
+    return jsonl.read(path) if os.path.exists(path) else []
+
+
+def series(samples: Sequence[Mapping[str, Any]]) -> Dict[Any, Dict[int, Dict[str, List[float]]]]:
+    """``{part: {rank: {"t": [...], "rss_mb": [...], "fds": [...], "threads": [...]}}}``."""
+    out: Dict[Any, Dict[int, Dict[str, List[float]]]] = {}
+    for s in samples:
+        for rank, r in enumerate(s.get("ranks") or []):
+            if not r:
+                continue
+            d = out.setdefault(s.get("part"), {}).setdefault(rank, {"t": [], **{k: [] for k in KEYS}})
+            d["t"].append(float(s["t"]))
+            for k in KEYS:
+                d[k].append(float(r.get(k, np.nan)))
+    return out
+
+
+def fit(t: Sequence[float], y: Sequence[float]) -> Optional[Dict[str, float]]:
+    """Least-squares line through (t seconds, y): slope per hour, its standard error, and the fitted
+    growth from the first to the last sample; None with fewer than 3 samples."""
+    t_arr, y_arr = np.asarray(t, float), np.asarray(y, float)
+    ok = np.isfinite(t_arr) & np.isfinite(y_arr)
+    t_arr, y_arr = t_arr[ok], y_arr[ok]
+    n = t_arr.size
+    if n < 3 or np.ptp(t_arr) <= 0:
+        return None
+    h = (t_arr - t_arr[0]) / 3600.0
+    slope, icept = np.polyfit(h, y_arr, 1)
+    resid = y_arr - (slope * h + icept)
+    sxx = float(((h - h.mean()) ** 2).sum())
+    se = float(np.sqrt((resid ** 2).sum() / (n - 2) / sxx)) if n > 2 and sxx > 0 else float("nan")
+    return {"per_hour": float(slope), "stderr_per_hour": se, "growth": float(slope * (h[-1] - h[0])),
+            "intercept": float(icept),
+            "first": float(y_arr[0]), "last": float(y_arr[-1]), "min": float(y_arr.min()), "max": float(y_arr.max()),
+            "n": int(n), "hours": float(h[-1] - h[0])}
+
+
+def trends(samples: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Per part and rank: the fitted slope per hour of RSS, fds and threads after warm-up, and the verdict.
+
+    ``parts``: ``{"part", "policy", "t_start", "t_end"}`` of each part played (``t_start``/``t_end``: wall
+    times). Returns ``{"parts": [...], "flat": bool or None (nothing judged), "reasons": [...],
+    "max_per_hour": {key: largest slope}}``."""
+    by_part = series(samples)
+    out_parts = []
+    reasons: List[str] = []
+    judged_any = False
+    worst = {k: None for k in KEYS}
+    for p in parts:
+        ranks = by_part.get(p.get("part"), {})
+        if not ranks:
+            continue
+        ts = [t for d in ranks.values() for t in d["t"]]
+        t_a, t_b = min(ts), max(ts)
+        length = t_b - t_a
+        skip = min(WARMUP_S, WARMUP_SHARE * length)
+        judged = length >= JUDGE_MIN_S
+        judged_any |= judged
+        rows = {}
+        for rank, d in sorted(ranks.items()):
+            keep = [i for i, t in enumerate(d["t"]) if t >= t_a + skip]
+            row: Dict[str, Any] = {"samples": len(d["t"]), "fitted": len(keep)}
+            for k in KEYS:
+                f = fit([d["t"][i] for i in keep], [d[k][i] for i in keep])
+                row[k] = f
+                if f is None:
+                    continue
+                if worst[k] is None or f["per_hour"] > worst[k]:
+                    worst[k] = f["per_hour"]
+                if judged and f["per_hour"] > LIMITS[k]:
+                    reasons.append(f"part {p.get('part') or 1} rank {rank}: {k} grows {f['per_hour']:+.1f}/h "
+                                   f"(limit {LIMITS[k]:g}/h)")
+            rows[rank] = row
+        out_parts.append({"part": p.get("part"), "policy": p.get("policy"), "t0": t_a, "t1": t_b,
+                          "warmup_s": skip, "judged": judged, "ranks": rows})
+    return {"parts": out_parts, "flat": (not reasons) if judged_any else None, "reasons": reasons,
+            "max_per_hour": worst, "limits_per_hour": dict(LIMITS), "judge_min_s": JUDGE_MIN_S,
+            "interval_s": _interval(samples)}
+
+
+def _interval(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    ts = [float(s["t"]) for s in samples]
+    return float(np.median(np.diff(ts))) if len(ts) >= 3 else None
+
+
+def plot(paths: Sequence[str], samples: Sequence[Mapping[str, Any]], tr: Mapping[str, Any],
+         title: str) -> List[str]:
+    """RSS (top), fds and threads of every rank over the run, part boundaries marked, the fitted lines
+    dashed; written to every path in ``paths``. Needs matplotlib (``linkescape[plot]``)."""
+    from .. import extras
+
+    matplotlib = extras.module("matplotlib", "plot", "the chaos report's RSS picture")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_part = series(samples)
+    if not by_part:
+        return []
+    t_ref = min(t for ranks in by_part.values() for d in ranks.values() for t in d["t"])
+    fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True, gridspec_kw={"height_ratios": [2.2, 1, 1]})
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
+    fits = {(p["part"], r): row for p in tr.get("parts", []) for r, row in p["ranks"].items()}
+    for part, ranks in by_part.items():
+        for rank, d in sorted(ranks.items()):
+            c = colors[rank % len(colors)]
+            x = [(t - t_ref) / 60.0 for t in d["t"]]
+            for ax, k in zip(axes, KEYS):
+                ax.plot(x, d[k], color=c, lw=1.0, label=f"rank {rank}" if ax is axes[0] and part ==
+                        next(iter(by_part)) else None)
+                row = fits.get((part, rank)) or {}
+                f = row.get(k)
+                if f and row.get("fitted"):
+                    a = d["t"][len(d["t"]) - row["fitted"]]
+                    xs = np.array([a, d["t"][-1]])
+                    ys = f["intercept"] + f["per_hour"] * (xs - a) / 3600.0
+                    ax.plot((xs - t_ref) / 60.0, ys, color=c, lw=0.8, ls="--")
+        first = min(t for d in ranks.values() for t in d["t"])
+        if part is not None:
+            pol = next((p.get("policy") for p in tr.get("parts", []) if p["part"] == part), None)
+            for ax in axes:
+                ax.axvline((first - t_ref) / 60.0, color="black", lw=0.8, ls=":")
+            axes[0].text((first - t_ref) / 60.0, 0.98, f" part {part}: {pol or 'default'}",
+                         transform=axes[0].get_xaxis_transform(), va="top", fontsize=8)
+    mx = tr.get("max_per_hour") or {}
+    axes[0].set_ylabel("RSS (MB)")
+    axes[0].set_title(title + (f"\nlargest fitted slope: RSS {mx['rss_mb']:+.1f} MB/h, fds {mx['fds']:+.1f}/h, "
+                               f"threads {mx['threads']:+.1f}/h (dashed: least-squares fit after warm-up)"
+                               if mx.get("rss_mb") is not None else ""), fontsize=10)
+    axes[0].legend(loc="upper left", fontsize=8, ncol=4)
+    axes[1].set_ylabel("open fds")
+    axes[2].set_ylabel("OS threads")
+    axes[2].set_xlabel("minutes since the first sample")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    written = []
+    for path in paths:
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
+__all__ = ["load", "series", "fit", "trends", "plot", "JUDGE_MIN_S", "RSS_LIMIT_MB_PER_H", "COUNT_LIMIT_PER_H"]

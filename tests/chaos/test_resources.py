@@ -1,0 +1,62 @@
+"""The chaos soak's resource samples: a least-squares slope per hour over them, the flat verdict, the picture."""
+
+from __future__ import annotations
+
+import pytest
+
+from linkescape.chaos import resources
+
+
+def _samples(minutes, rss_per_h=0.0, fds_per_h=0.0, parts=(None,), every=5.0, noise=3.0, ranks=2):
+    out = []
+    t0 = 1000.0
+    for p, part in enumerate(parts):
+        start = t0 + p * (minutes * 60 + 30)
+        n = int(minutes * 60 / every)
+        for i in range(n):
+            t = start + i * every
+            h = (t - start) / 3600.0
+            wobble = noise * ((i * 7919) % 13 - 6) / 6.0  # allocator-like noise, no trend
+            out.append({"t": t, "part": part,
+                        "ranks": [{"rss_mb": 100.0 + r + rss_per_h * h + wobble, "fds": 22 + fds_per_h * h
+                                   + (i % 3 == 0), "threads": 6} for r in range(ranks)]})
+    return out
+
+
+def test_the_slope_is_a_least_squares_fit_not_two_points():
+    s = _samples(30, rss_per_h=40.0)
+    tr = resources.trends(s, [{"part": None}])
+    row = tr["parts"][0]["ranks"][0]
+    assert row["rss_mb"]["per_hour"] == pytest.approx(40.0, rel=0.1)
+    assert row["fds"]["per_hour"] == pytest.approx(0.0, abs=0.5) and row["threads"]["per_hour"] == pytest.approx(0.0)
+    # the first and last samples alone would say something else: the wobble is in them
+    first, last = s[tr["parts"][0]["ranks"][0]["samples"] - row["fitted"]], s[-1]
+    two_points = (last["ranks"][0]["rss_mb"] - first["ranks"][0]["rss_mb"]) / ((last["t"] - first["t"]) / 3600)
+    assert abs(two_points - 40.0) > abs(row["rss_mb"]["per_hour"] - 40.0)
+    assert tr["parts"][0]["warmup_s"] == 60.0 and row["fitted"] < row["samples"]  # warm-up left out
+    assert tr["flat"] is False and "rss_mb grows" in tr["reasons"][0]  # a 30-min part is judged
+
+
+def test_flat_within_the_limits_and_short_parts_are_not_judged():
+    tr = resources.trends(_samples(30, rss_per_h=5.0), [{"part": None}])
+    assert tr["flat"] is True and not tr["reasons"]
+    short = resources.trends(_samples(3, rss_per_h=500.0), [{"part": None}])
+    assert short["flat"] is None and not short["parts"][0]["judged"]  # reported, not judged
+    assert short["max_per_hour"]["rss_mb"] > 100
+
+
+def test_each_part_is_fitted_on_its_own_and_a_leak_of_fds_is_found():
+    s = _samples(20, fds_per_h=6.0, parts=(1, 2))
+    tr = resources.trends(s, [{"part": 1, "policy": "active-backup"}, {"part": 2, "policy": "stripe"}])
+    assert [p["policy"] for p in tr["parts"]] == ["active-backup", "stripe"]
+    assert all(p["ranks"][0]["fds"]["per_hour"] == pytest.approx(6.0, rel=0.2) for p in tr["parts"])
+    assert tr["flat"] is False and any("fds grows" in r for r in tr["reasons"])
+
+
+def test_the_picture_is_written(tmp_path):
+    s = _samples(12, rss_per_h=10.0, parts=(1, 2))
+    tr = resources.trends(s, [{"part": 1, "policy": "active-backup"}, {"part": 2, "policy": "stripe"}])
+    paths = resources.plot([str(tmp_path / "rss.png"), str(tmp_path / "b.png")], s, tr, "test")
+    assert paths == [str(tmp_path / "rss.png"), str(tmp_path / "b.png")]
+    assert (tmp_path / "rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "rss.png").stat().st_size > 20000
+    assert resources.plot([str(tmp_path / "none.png")], [], tr, "nothing") == []
