@@ -15,7 +15,7 @@ import numpy as np
 from linkescape import ReduceOp
 import pytest
 
-from linkescape.demo.faultplan import PlayedFault, plan_faults, schedule_of
+from linkescape.demo.faultplan import CROSS_HOLD, PlayedFault, fault_window, plan_faults, schedule_of
 from linkescape.demo.live import LiveState
 from linkescape.jsonl import Tail
 from linkescape.demo.report import fault_timing, to_markdown
@@ -61,16 +61,18 @@ def _check_report(out, proc, mode):
     assert rep["bit_identical"] is True, f"{rep['comparison']}\n{detail}"
     assert rep["comparison"]["params_hash_identical"] and rep["comparison"]["losses_identical"]
     assert rep["faulty_run"]["restarts"] == 0 and not rep["faulty_run"]["exceptions"]
-    assert [f["kind"] for f in rep["faults"]] == ["cut", "blackhole", "flap"]
+    assert [f["kind"] for f in rep["faults"]] == ["cut", "blackhole", "flap", "cross"]
     for f in rep["faults"]:
         assert f["detection_ms"] is not None, f"{f['label']} not detected: {rep['issues']}\n{detail}"
         assert f["recovery_ms"] is not None, f"{f['label']} never failed back: {rep['issues']}\n{detail}"
         assert f["failovers"] >= 1
-    assert rep["all_traffic_back_on_rail0"] is True
+    _check_relay(rep, rep["faults"][-1], hold=10.0, detail=detail)
+    assert rep["all_traffic_back_on_rail0"] is True and rep["relayed_at_end"] == []
     assert rep["timeline_png"] and os.path.samefile(rep["timeline_png"], out / "timeline.png")
     _check_png(out / "timeline.png")
     md = (out / "report.md").read_text()
     assert "Training steps lost: 0" in md and "Bit-identical to the fault-free run: yes" in md
+    assert "### Relays" in md and "| host 1 - host 2 | host " in md and "path_back" in md
     # the per-step records and the final parameters of both runs
     for run in ("faulty", "reference"):
         steps = [json.loads(line) for line in (out / run / "steps.jsonl").read_text().splitlines()]
@@ -81,6 +83,22 @@ def _check_report(out, proc, mode):
             assert len(z.files) >= 4
     assert proc.returncode == 0, detail
     return rep, md
+
+
+def _check_relay(rep, cross, hold, detail):
+    """The cross's pair (hosts 1 and 2) went on through a third host for about the whole fault, and back."""
+    assert cross["kind"] == "cross" and sorted(t[0] for t in cross["targets"]) == [1, 2], cross
+    assert cross["relay_on"] >= 2 and cross["relay_off"] >= 2, f"{cross}\n{detail}"  # both ends of the pair
+    assert cross["via"] and set(cross["via"]) <= {0, 3}, cross["via"]  # a third host, never one of the pair
+    assert cross["relay_ms"] is not None and cross["relay_ms"] < 1500, cross["relay_ms"]  # issue 16: within 1 s
+    assert cross["relayed_ms"] >= 0.9 * hold * 1000, cross["relayed_ms"]
+    assert cross["recovery_ms"] is not None and cross["recovered_by"]["cause"] == "path_back"
+    assert cross["peer_lost"] == 0
+    # while relayed, training went on: no step waited for the repair
+    assert cross["longest_step_s"] is not None and cross["longest_step_s"] < min(5.0, hold / 2), cross
+    pairs = [r for r in rep["relays"] if r["pair"] == [1, 2]]
+    assert pairs and pairs[0]["via"] == cross["via"] and pairs[0]["bytes"] > 0, rep["relays"]
+    assert rep["relay_events"]["relay_on"] >= 2
 
 
 # ------------------------------------------------------------------ end to end
@@ -126,27 +144,71 @@ def test_demo_testbed(tmp_path):
 
 # ------------------------------------------------------------------ parts
 def test_plan_faults_spaced_and_ordered():
-    for duration in (16.0, 40.0):
+    for duration in (fault_window(), 60.0):
         fl = plan_faults(duration, 4, 2)
-        assert [(f.kind, f.host, f.rail) for f in fl] == [("cut", 1, 0), ("blackhole", 2, 0), ("flap", 3, 0)]
+        assert [(f.kind, f.host, f.rail) for f in fl] == [("cut", 1, 0), ("blackhole", 2, 0), ("flap", 3, 0),
+                                                          ("cross", 1, 0)]
         end = 0.0
         for f in fl:
             assert f.start_at >= end + 1.5, "each fault must leave time for the previous failback"
             end = f.start_at + f.hold
-        assert end < 0.85 * duration
+        cross = fl[-1]
+        assert cross.targets == ((1, 0), (2, 1)) and cross.hold == CROSS_HOLD  # they share no rail
+        assert duration - cross.plan.end >= 5.0  # time for the pair to go back to a direct rail
     assert {f.host for f in plan_faults(16.0, 2, 2)} == {1}
+    assert [f.kind for f in plan_faults(16.0, 2, 2)] == ["cut", "blackhole", "flap"]  # no third host to relay
+    only = plan_faults(fault_window(("cross",), 20.0), 4, 2, ("cross",), 20.0)
+    assert [(f.kind, f.start_at, f.hold) for f in only] == [("cross", 2.0, 20.0)]
+    assert fault_window(("cross",), 20.0) == 27.0 and fault_window() == 16.0 + CROSS_HOLD + 5.0
+    assert plan_faults(40.0, 4, 3, ("cross",))[0].targets == ((1, 0), (2, 1), (2, 2))
 
 
 
 def test_the_plan_is_played_as_one_shared_schedule_of_its_own_faults():
-    fl = plan_faults(20.0, 4, 2)
-    sched = schedule_of(fl, 20.0, 4, 2)
+    fl = plan_faults(35.0, 4, 2)
+    sched = schedule_of(fl, 35.0, 4, 2)
     assert sched.faults == [f.plan for f in fl]  # the shared faults.Fault: the demo keeps only what became of it
     assert [(f.kind, f.host, f.rail, f.count) for f in fl] == [("cut", 1, 0, 0), ("blackhole", 2, 0, 0),
-                                                                ("flap", 3, 0, 3)]
+                                                                ("flap", 3, 0, 3), ("cross", 1, 0, 0)]
     assert len(sched.faults[2].intervals()) == 3 and sched.faults[1].mode == "blackhole"
     d = fl[2].to_dict()
     assert d["label"] == "link flapping: host 3 rail 0" and d["count"] == 3 and d["period_s"] == fl[2].period
+    x = fl[3].to_dict()  # the cross is the shared schedule's kind: two hosts lose different rails at once
+    assert sched.faults[3].kind == "cross" and x["targets"] == [[1, 0], [2, 1]]
+    assert x["label"] == "cross (no rail in common): host 1 rail 0 + host 2 rail 1"
+    assert sorted(iv[2:4] for iv in sched.faults[3].intervals()) == [(1, 0), (2, 1)]
+
+
+def test_cross_timing_and_the_relay_rows_from_events():
+    from linkescape.demo.report import _md_relays, _relays, cross_timing
+
+    f = PlayedFault.planned_cross(3, 1, 2, 16.0, 10.0)
+    f.issued, f.ts = 99.99, 100.0
+    f.transitions = [(100.0, "down"), (100.004, "down"), (110.0, "up"), (110.01, "up")]
+    f.restore_issued, f.restored = 110.0, 110.01
+    events = [
+        _ev(100.001, 1, "link_down", 0, 0, "carrier"), _ev(100.002, 1, "failover", 0, 1, "carrier", from_rail=0),
+        _ev(100.005, 1, "link_down", 2, 1, "peer_carrier"), _ev(100.006, 1, "no_path", 2, 1, "peer_carrier"),
+        _ev(100.006, 2, "no_path", 1, 0, "peer_carrier"),
+        _ev(100.030, 1, "relay_on", 2, -1, via=3), _ev(100.040, 2, "relay_on", 1, -1, via=3),
+        _ev(101.0, 0, "link_down", 3, 0, "timeout"),  # another pair: not this fault's
+        _ev(111.020, 1, "relay_off", 2, -1, "path_back", via=3, bytes=5000),
+        _ev(111.030, 2, "relay_off", 1, -1, "path_back", via=3, bytes=7000),
+    ]
+    t = cross_timing(f, events)
+    assert t["detection_ms"] == pytest.approx(1.0, abs=1e-6) and t["detected_by"]["cause"] == "carrier"
+    assert t["relay_ms"] == pytest.approx(26.0, abs=1e-6)  # from the moment they shared no rail
+    assert t["via"] == [3] and (t["relay_on"], t["relay_off"]) == (2, 2) and t["no_path"] == 2
+    assert t["relayed_ms"] == pytest.approx(11000.0, abs=1e-3)  # both ends merged
+    assert t["recovery_ms"] == pytest.approx(1010.0, abs=1e-6) and t["all_back_ms"] == pytest.approx(1020.0, abs=1e-6)
+    rows, counts = _relays(events, 84.0, 120.0)
+    assert rows == [{"pair": [1, 2], "via": [3], "on_s": 16.03, "off_s": 27.03, "relayed_ms": 11000.0,
+                     "ended_by": ["path_back"], "relays": 2, "bytes": 12000}]
+    assert counts == {"relay_on": 2, "relay_off": 2}
+    md = "\n".join(_md_relays({"faults": [{**f.to_dict(), **t}], "relays": rows}))
+    assert "through **host 3**" in md and "| host 1 - host 2 | host 3 | 16.03 s | 27.03 s |" in md
+    never = cross_timing(f, [e for e in events if not e["event"].startswith("relay")])
+    assert never["relay_ms"] is None and never["via"] == [] and never["recovery_ms"] is None
 
 def _ev(ts, rank, event, peer, rail, cause=None, **extra):
     return {"ts": ts, "rank": rank, "event": event, "peer": peer, "rail": rail, "cause": cause, **extra}
@@ -245,3 +307,12 @@ def test_emulated_fault_hook_against_engine():
             assert ("link_down", 0, 0) in kinds and ("failover", 0, 1) in kinds and ("failback", 0, 0) in kinds
         else:
             assert ("failover", 1, 1) in kinds and ("failback", 1, 0) in kinds
+
+
+def test_live_state_shows_a_relayed_pair():
+    st = LiveState(4, 2, 10, "t", "faulty")
+    st.on_events([_ev(1.0, 1, "no_path", 2, 0, "peer_carrier"), _ev(1.03, 1, "relay_on", 2, -1, via=3)])
+    assert st.traffic_on(1) == "r0: h0 h3 | via h3: h2"
+    assert any("relay_on" in text and "via rank 3" in text for _, text, _ in st.lines)
+    st.on_events([_ev(5.0, 1, "relay_off", 2, -1, "path_back", via=3)])
+    assert st.traffic_on(1) == "r0: all"

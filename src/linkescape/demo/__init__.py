@@ -1,10 +1,13 @@
-"""``linkescape demo``: train through cable cuts, blackholed optics and flapping links.
+"""``linkescape demo``: train through cable cuts, blackholed optics, flapping links and a cross.
 
 A 4-host x 2-rail testbed (network namespaces, 1 Gbit/s rails) trains a small
 model with DDP over the ``linkescape`` backend while rails fail and are
-repaired; the report says how many steps were lost (none), how fast every
-fault was detected and undone, whether the result is bit-identical to a
-fault-free run, and draws the traffic per rail over time.
+repaired; last, two hosts lose different rails at once (a *cross*: they share
+no rail, and a third host relays their traffic for about 10 s). The report
+says how many steps were lost (none), how fast every fault was detected and
+undone, which pair was relayed through which host and for how long, whether
+the result is bit-identical to a fault-free run, and draws the traffic per
+rail and the relay over time.
 
 Without root (or without network namespaces) the same training runs on
 loopback rails with faults injected inside the processes, and the report
@@ -23,6 +26,7 @@ import click
 
 from .. import extras
 from .controller import DemoError, DemoOptions, TestbedUnavailable, testbed_unavailable
+from .faultplan import CROSS_HOLD, KINDS as FAULT_KINDS
 from .model import DEFAULT_SIZE, MODEL_SIZES
 
 
@@ -98,6 +102,13 @@ def _print_summary(rep: Dict[str, Any], console, quiet: bool) -> None:
         lines = [("EMULATED faults (no testbed). " if rep.get("emulated") else "") + f"steps lost: {rep['steps_lost']}",
                  "bit-identical to the fault-free run: " + ("skipped" if bi is None else "yes" if bi else "NO")]
         for f in rep.get("faults", []):
+            if f["kind"] == "cross":
+                lines.append(f"{f['label']}: detected after {format_ms(f['detection_ms'], NOT_SEEN)}, relayed "
+                             f"after {format_ms(f.get('relay_ms'), NOT_SEEN)} via "
+                             f"{', '.join(f'host {v}' for v in f.get('via') or []) or '-'} for "
+                             f"{format_ms(f.get('relayed_ms'), NOT_SEEN)}, direct again "
+                             f"{format_ms(f['recovery_ms'], NOT_SEEN)} after the repair")
+                continue
             lines.append(f"{f['label']}: detected after {format_ms(f['detection_ms'], NOT_SEEN)}, "
                          f"back on rail 0 {format_ms(f['recovery_ms'], NOT_SEEN)} after the repair")
         lines += [f"issue: {i}" for i in rep.get("issues", [])]
@@ -133,23 +144,36 @@ def _sigterm(signum, frame):  # pragma: no cover - exercised by hand
 @click.option("--quiet", "-q", is_flag=True, help="No live display; print only the summary.")
 @click.option("--live/--plain", "live", default=None,
               help="Force the rich live display, or plain lines (default: live on a terminal).")
+@click.option("--faults", "fault_kinds", default=",".join(FAULT_KINDS), show_default=True, metavar="KINDS",
+              help="The faults of the faulty run, played in this order (cross last): cut, blackhole, flap, cross.")
+@click.option("--cross-hold", type=click.FloatRange(min=1.0), default=CROSS_HOLD, show_default=True,
+              metavar="SECONDS", help="How long the cross lasts (two hosts without a rail in common, relayed).")
 def demo(out: str, steps: int, hosts: int, rails: int, rate: str, model_size: str, seed: int, emulate: bool,
-         no_reference: bool, quiet: bool, live: Optional[bool]) -> None:
-    """Train through cable cuts, blackholed optics and flapping links.
+         no_reference: bool, quiet: bool, live: Optional[bool], fault_kinds: str, cross_hold: float) -> None:
+    """Train through cable cuts, blackholed optics, flapping links and a cross.
 
     Builds a testbed (HOSTS network namespaces x RAILS rails at RATE; needs
     root), trains an MLP with DDP over the linkescape backend, one rank per
     host, while a cable is cut, an optic blackholed and a link flapped, then
-    trains again without faults and compares bit for bit. The report says
-    how many steps were lost, how fast each fault was detected and repaired,
-    and where the traffic went (timeline.png). Without root it runs on
-    loopback rails with emulated faults and says so.
+    hosts 1 and 2 lose different rails at once (a cross: a third host relays
+    their traffic), then trains again without faults and compares bit for
+    bit. The report says how many steps were lost, how fast each fault was
+    detected and repaired, which pair was relayed through which host and for
+    how long, and where the traffic went (timeline.png). Without root it runs
+    on loopback rails with emulated faults and says so.
     """
     from rich.console import Console
 
+    kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip())
+    bad = [k for k in kinds if k not in FAULT_KINDS]
+    if bad or not kinds or len(set(kinds)) != len(kinds):
+        raise click.BadParameter(f"{fault_kinds!r}: expected some of {', '.join(FAULT_KINDS)}, each once",
+                                 param_hint="'--faults'")
+    kinds = tuple(k for k in FAULT_KINDS if k in kinds)  # played in their order, the cross last
     console = Console()
     opts = DemoOptions(out=out, steps=steps, hosts=hosts, rails=rails, rate=rate, emulate=emulate,
-                       reference=not no_reference, quiet=quiet, model_size=model_size, seed=seed, live=live)
+                       reference=not no_reference, quiet=quiet, model_size=model_size, seed=seed, live=live,
+                       faults=kinds, cross_hold=cross_hold)
     old = signal.signal(signal.SIGTERM, _sigterm) if sys.platform != "win32" else None
     try:
         rep = run_demo(opts, console)

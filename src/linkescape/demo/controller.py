@@ -4,8 +4,11 @@ One demo is two runs of the same training job (:mod:`linkescape.demo.train`):
 
 * the *faulty* run, during which a cable is cut (host 1 rail 0), an optic
   blackholed (host 2 rail 0) and a link flapped (host 3 rail 0), each
-  repaired before the next, while every host NIC's transmit counter is
-  sampled every 50 ms and the ranks' event trails are tailed;
+  repaired before the next, then hosts 1 and 2 lose different rails at once
+  for ``cross_hold`` s (10: a *cross*; they share no rail and a third host
+  relays their traffic), while every host NIC's transmit counter is
+  sampled every 50 ms and the ranks' event trails are tailed (``faults``
+  chooses which of these faults, in this order);
 * the *reference* run, with no faults, to compare the per-step losses and
   the final parameters bit for bit.
 
@@ -30,12 +33,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..events import expand_path
 from ..testbed.job import RankJob
-from .faultplan import EmulatedInjector, Injector, PlayedFault, TestbedInjector
+from .faultplan import CROSS_HOLD, KINDS, EmulatedInjector, Injector, PlayedFault, TestbedInjector, fault_window
 from .live import FaultRunner, LiveState, Monitor
 from .model import DEFAULT_SIZE
 from .sampling import FileTxSampler, testbed_sampler
 
-#: that three faults, each with its repair and failback, fit in it
+#: that the three single-NIC faults, each with its repair and failback, fit in it (a cross adds its own)
 MIN_FAULT_WINDOW = 16.0
 #: the demo's silent-loss timeout (the torch backend's default is 3 s)
 
@@ -53,6 +56,14 @@ class DemoOptions:
     model_size: str = DEFAULT_SIZE
     seed: int = 1234
     live: Optional[bool] = None  # None: a rich Live display when stdout is a terminal
+    faults: Tuple[str, ...] = KINDS  #: the faults of the faulty run, played in this order (cross last)
+    cross_hold: float = CROSS_HOLD  #: seconds the cross lasts
+
+    @property
+    def fault_window(self) -> float:
+        """How long the faulty run's training lasts at least, for every fault, repair and failback to fit."""
+        return max(MIN_FAULT_WINDOW if [k for k in self.faults if k != "cross"] else 0.0,
+                   fault_window(self.faults, self.cross_hold, self.hosts, self.rails))
 
 
 class DemoError(RuntimeError):
@@ -110,7 +121,8 @@ def _run_job(start_job: Callable[[], int], state: LiveState, run: RunResult, sam
     events = [expand_path(os.path.join(run.dir, "events", "rank{rank}.jsonl"), r) for r in range(opts.hosts)]
     monitor = Monitor(state, os.path.join(run.dir, "steps.jsonl"), events, sampler=sampler,
                       on_tick=display.refresh if display is not None else None)
-    faults = FaultRunner(injector, state, opts.hosts, opts.rails, min_duration, stop) if injector else None
+    faults = (FaultRunner(injector, state, opts.hosts, opts.rails, min_duration, stop, kinds=opts.faults,
+                          cross_hold=opts.cross_hold) if injector else None)
     t0 = time.time()
     if sampler is not None:
         sampler.start()
@@ -151,7 +163,7 @@ def _play_runs(opts: DemoOptions, display_factory, title: str, hosts: int, rails
         run = RunResult(name, run_dir)
         state = LiveState(hosts, rails, opts.steps, title, name)
         display = display_factory(state)
-        min_duration = MIN_FAULT_WINDOW if faulty else 0.0
+        min_duration = opts.fault_window if faulty else 0.0
         job, sampler, injector = prepare(k, faulty, run_dir, min_duration)
         with display:
             _run_job(job, state, run, sampler, injector, opts, display, min_duration)

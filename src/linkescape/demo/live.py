@@ -11,11 +11,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
 from ..faults import ScheduleRunner
 from ..jsonl import Tail
-from .faultplan import Injector, PlayedFault, plan_faults, schedule_of
+from .faultplan import CROSS_HOLD, KINDS, Injector, PlayedFault, plan_faults, schedule_of
 from .sampling import rates_from
 
 
@@ -32,9 +32,8 @@ class LiveState:
         self.t_start: Optional[float] = None
         self.steps: List[Dict[str, Any]] = []
         self.rail_state: Dict[Tuple[int, int], str] = {(h, r): "up" for h in range(hosts) for r in range(rails)}
-        # (rank, peer) -> rail carrying the traffic (None: no path)
-        self.active: Dict[Tuple[int, int], Optional[int]] = {(a, b): 0 for a in range(hosts) for b in range(hosts)
-                                                              if a != b}
+        # (rank, peer) -> rail carrying the traffic (None: no path; "via C": through rank C)
+        self.active: Dict[Tuple[int, int], Any] = {(a, b): 0 for a in range(hosts) for b in range(hosts) if a != b}
         self.events: List[Dict[str, Any]] = []
         self.lines: List[Tuple[float, str, str]] = []  # (ts, text, style) for the event pane / plain output
         self.faults: List[PlayedFault] = []
@@ -101,14 +100,26 @@ class LiveState:
             ev, rank, peer, rail = r.get("event"), r.get("rank"), r.get("peer"), r.get("rail")
             with self.lock:
                 self.events.append(r)
-                if ev in ("failover", "failback") and (rank, peer) in self.active:
-                    self.active[(rank, peer)] = rail
-                elif ev == "no_path" and (rank, peer) in self.active:
-                    self.active[(rank, peer)] = None
+                key = (rank, peer)
+                if key in self.active:
+                    if ev in ("failover", "failback"):
+                        self.active[key] = rail
+                    elif ev == "no_path" and not str(self.active[key]).startswith("via"):
+                        self.active[key] = None
+                    elif ev == "relay_on":
+                        self.active[key] = f"via h{r.get('via')}"
+                    elif ev == "relay_off":
+                        # back to a direct rail (the event does not say which; the primary is picked first)
+                        self.active[key] = 0 if r.get("cause") == "path_back" else None
             cause = f" cause={r['cause']}" if r.get("cause") else ""
             frm = f" from rail {r['from_rail']}" if r.get("from_rail") is not None else ""
             style = {"link_down": "yellow", "failover": "magenta", "link_up": "cyan", "failback": "green",
-                     "no_path": "bold red", "peer_lost": "bold red"}.get(ev, "")
+                     "no_path": "bold red", "peer_lost": "bold red", "relay_on": "bold cyan",
+                     "relay_off": "cyan"}.get(ev, "")
+            if ev in ("relay_on", "relay_off"):
+                self.note(f"rank {rank}: {ev:<9} peer {peer} via rank {r.get('via')}{cause}", ts=r.get("ts"),
+                          style=style)
+                continue
             self.note(f"rank {rank}: {ev:<9} peer {peer} rail {rail}{frm}{cause}", ts=r.get("ts"), style=style)
 
     def traffic_on(self, host: int) -> str:
@@ -117,14 +128,19 @@ class LiveState:
             by_peer = {p: self.active[(host, p)] for p in range(self.hosts) if p != host}
         if not by_peer:
             return "-"
-        groups: Dict[Optional[int], List[int]] = {}
+        groups: Dict[Any, List[int]] = {}
         for p, r in by_peer.items():
             groups.setdefault(r, []).append(p)
+
+        def name(r: Any) -> str:
+            return "no path" if r is None else (r if isinstance(r, str) else f"r{r}")
+
         if len(groups) == 1:
             r = next(iter(groups))
-            return "no path" if r is None else f"r{r}: all"
-        return " | ".join(("no path" if r is None else f"r{r}") + ": " + " ".join(f"h{p}" for p in peers)
-                          for r, peers in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+            return name(r) + ("" if r is None else ": all")
+        order = lambda kv: (kv[0] is None, isinstance(kv[0], str), str(kv[0]))  # noqa: E731
+        return " | ".join(name(r) + ": " + " ".join(f"h{p}" for p in peers)
+                          for r, peers in sorted(groups.items(), key=order))
 
     def set_rates(self, rates: List[List[float]]) -> None:
         with self.lock:
@@ -176,12 +192,14 @@ class FaultRunner(threading.Thread):
     """Plays the fault plan once training has started; always leaves every rail repaired."""
 
     def __init__(self, injector: Injector, state: LiveState, hosts: int, rails: int,
-                 min_duration: float, stop: threading.Event) -> None:
+                 min_duration: float, stop: threading.Event, kinds=KINDS, cross_hold: float = CROSS_HOLD) -> None:
         super().__init__(name="demo-faults", daemon=True)
         self.injector = injector
         self.state = state
         self.hosts = hosts
         self.rails = rails
+        self.kinds = tuple(kinds)
+        self.cross_hold = cross_hold
         self.min_duration = min_duration
         self.stop_ev = stop
         self.faults: List[PlayedFault] = []
@@ -201,7 +219,7 @@ class FaultRunner(threading.Thread):
         duration = self.state.estimate_duration(self.min_duration, self.stop_ev)
         if duration is None:
             return
-        self.faults = plan_faults(duration, self.hosts, self.rails)
+        self.faults = plan_faults(duration, self.hosts, self.rails, self.kinds, self.cross_hold)
         self.state.set_faults(self.faults, duration)
         runner = ScheduleRunner(schedule_of(self.faults, duration, self.hosts, self.rails), self.injector,
                                         on_step=self._on_step)
@@ -213,7 +231,8 @@ class FaultRunner(threading.Thread):
         finally:
             runner.stop()  # repairs whatever is still down
             for f in self.faults:
-                self.state.set_rail(f.host, f.rail, "up")
+                for h, r in f.targets:
+                    self.state.set_rail(h, r, "up")
         if runner.error is not None:
             raise runner.error
 
@@ -221,6 +240,9 @@ class FaultRunner(threading.Thread):
         f = self.faults[rec["fault"]]
         ts = rec["ts"]
         issued = rec["planned"] + (rec.get("late") or 0.0) if rec.get("planned") else ts  # when the command began
+        if f.kind == "cross":
+            self._on_cross_step(f, rec, ts, issued)
+            return
         if rec["action"] == "apply":
             if f.issued is None:
                 f.issued, f.ts = issued, ts
@@ -243,6 +265,27 @@ class FaultRunner(threading.Thread):
         else:
             self.state.set_rail(f.host, f.rail, "up")
             self.state.fault_line(ts, f"RESTORE host {f.host} rail {f.rail}")
+
+    def _on_cross_step(self, f: PlayedFault, rec: Dict[str, Any], ts: float, issued: float) -> None:
+        """A cross takes several NICs down at once: in effect once the last is down, repaired once the last
+        is back (each NIC's own change is a line of its own)."""
+        host, rail = rec["host"], rec["rail"]
+        n = len(f.targets)
+        if rec["action"] == "apply":
+            if f.issued is None:
+                f.issued, f.ts = issued, ts  # in effect from its first NIC; no common rail from its last
+                where = " + ".join(f"host {h} rail {r}" for h, r in f.targets)
+                self.state.fault_line(ts, f"CROSS {where}: no rail in common ({f.hold:.0f} s)")
+            f.transitions.append((ts, "down"))
+            self.state.set_rail(host, rail, "CUT (cross)" if f.plan.mode == "cut" else "BLACKHOLED (cross)")
+            return
+        if f.restore_issued is None:
+            f.restore_issued = issued
+        f.transitions.append((ts, "up"))
+        self.state.set_rail(host, rail, "up")
+        self.state.fault_line(ts, f"RESTORE host {host} rail {rail}")
+        if sum(1 for _, s in f.transitions if s == "up") == n:
+            f.restored = ts
 
 
 __all__ = ["LiveState", "Monitor", "FaultRunner"]
