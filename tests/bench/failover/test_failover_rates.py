@@ -104,3 +104,80 @@ def test_a_cut_keeps_a_4_host_job_at_0_9x_healthy(tmp_path):
     assert cut["detect_cause"] == "carrier", fo.format_report(result)
     assert cut["median_ratio"] >= 0.9, fo.format_report(result)
     assert json.loads(out.read_text())["rates"]["policies"]["active-backup"]["phases"][1]["name"] == "cut"
+
+
+def test_the_relayed_phase_is_a_cross_of_hosts_1_and_2():
+    ps = PhaseSettings(faults=("cut", "cross"), hosts=8, phase_s=6.0, settle_s=1.0, failback_s=4.0)
+    sched, phases = rates.phase_plan(ps)
+    assert [p["name"] for p in phases] == ["healthy", "cut", "relayed", "after the repairs"]
+    cross = sched.faults[1]
+    assert cross.kind == "cross" and cross.targets == ((1, 0), (2, 1)) and cross.mode == "cut"
+    assert phases[2]["kind"] == "cross" and phases[2]["host"] == 1 and phases[2]["targets"] == [[1, 0], [2, 1]]
+    assert phases[2]["from"] == pytest.approx(cross.at + 1.0) and phases[2]["to"] == pytest.approx(cross.end)
+    assert sched.faults[0].end + 4.0 <= cross.at  # one fault at a time
+    assert PhaseSettings(rails=3).cross_targets() == ((1, 0), (2, 1), (2, 2))
+
+
+def test_the_longest_stall_counts_from_the_last_completion_before_the_fault():
+    dones = [{"t": t} for t in (1.0, 1.1, 1.2, 2.6, 2.7, 2.8)]
+    s = rates.longest_stall(dones, 1.5, 3.0)
+    assert s["stall_s"] == pytest.approx(1.4) and s["after"] == pytest.approx(1.2)  # in flight when it began
+    assert rates.longest_stall(dones, 2.65, 5.0)["stall_s"] == pytest.approx(2.2)  # still waiting at the end
+    assert rates.longest_stall(dones, 0.0, 0.5) is None
+    assert rates.longest_stall([{"t": 1.0}], 2.0, 4.0)["stall_s"] == pytest.approx(3.0)  # nothing since
+
+
+def test_the_relayed_phase_is_judged_by_issue_16s_targets_under_either_policy():
+    rows = [{"name": "healthy", "kind": None, "ratio": 1.0},
+            {"name": "relayed", "kind": "cross", "ratio": 0.55, "stall_s": 1.2},
+            {"name": "cut", "kind": "cut", "ratio": 0.55, "stall_s": 2.0}]
+    for policy in ("active-backup", "stripe"):
+        rates.judge(rows, policy, 2)
+        assert rows[1]["target"] == 0.5 and rows[1]["met"] and rows[1]["capacity"] == 1.0
+        assert rows[1]["stall_target_s"] == 1.5 and rows[1]["stall_met"] is True
+        assert "stall_met" not in rows[2]  # issue 12's phases: the rate target only
+    rows[1].update(ratio=0.45, stall_s=1.6)
+    rates.judge(rows, "stripe", 2)
+    assert rows[1]["met"] is False and rows[1]["stall_met"] is False
+    result = {"rates": {"policies": {"stripe": {"phases": rows}}}}
+    from linkescape.bench.failover.report import verdict
+
+    v = verdict(result)
+    assert v["rate_stripe_cross"] is False and v["stall_stripe_cross"] is False
+
+
+def test_cross_is_a_rate_phase_only():
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(fo.failover, ["--faults", "cut,cross"])
+    assert res.exit_code != 0 and "--rate-phases" in res.output
+    with pytest.raises(ValueError, match="3 hosts"):
+        from linkescape.bench.failover.bench import _check
+
+        _check(("cross",), 2, 2, ("cross",))
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(300)
+def test_the_relayed_phase_on_a_4_host_testbed(tmp_path):
+    """Issue 16, item 6: a cross held for the phase while every rank all_reduces 4 MiB in a loop; the phase
+    is measured as relayed (a relay_on of the pair through host 0 or 3, and back to direct after the repair),
+    with the longest stall since the fault. The issue's targets (>= 0.5x healthy, no stall > 1.5 s) are
+    checked last: an engine that misses them is marked xfail with the numbers, not hidden."""
+    require_testbed()
+    result = fo.run_rate_bench(("cross",), hosts=4, rails=2, rate="1gbit", size=4 << 20,
+                               policies=("active-backup",), json_path=str(tmp_path / "r.json"), log=lambda s: None,
+                               phase_s=4.0, settle_s=1.0, failback_s=3.0)
+    text = fo.format_report(result)
+    assert fo.ok(result), text
+    healthy, relayed, after = result["rates"]["policies"]["active-backup"]["phases"]
+    assert relayed["name"] == "relayed" and relayed["targets"] == [[1, 0], [2, 1]], text
+    assert relayed["detect_cause"] == "carrier" and relayed["via"] in (0, 3), text
+    assert relayed["relay_ms"] is not None and relayed["relay_ms"] < 1000, text  # within 1 s of the fault
+    assert relayed["relay_off_cause"] == "path_back" and relayed["direct_ms"] is not None, text
+    assert healthy["ops"] > 20 and after["ratio"] > 0.8, text  # the job is back to its rate afterwards
+    assert relayed["stall_s"] is not None and relayed["stall_rank"] in range(4), text
+    assert relayed.get("met") is not None and relayed.get("stall_met") is not None, text
+    if not (relayed["met"] and relayed["stall_met"]):
+        pytest.xfail(f"issue 16's relayed rate missed by the engine: {relayed['ratio']:.2f}x healthy (target 0.5), "
+                     f"longest stall {relayed['stall_s']:.1f} s (target 1.5)\n{text}")

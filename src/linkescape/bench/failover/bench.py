@@ -17,19 +17,22 @@ from .analysis import analyze_series
 from .compare import run_mptcp_comparison
 from .report import verdict
 from .series import namespace_congestion, run_fault_series, run_overhead
-from .settings import (DEFAULT_FAULTS, FAULT_KINDS, POLICIES, TARGETS, Log, PhaseSettings, Settings, cc_env,
-                       policy_env)
+from .settings import (DEFAULT_FAULTS, FAULT_KINDS, POLICIES, RATE_FAULT_KINDS, TARGETS, Log, PhaseSettings,
+                       Settings, cc_env, policy_env)
 
 
-def _check(faults: Sequence[str], hosts: int, rails: int) -> Tuple[str, ...]:
+def _check(faults: Sequence[str], hosts: int, rails: int, allowed: Tuple[str, ...] = FAULT_KINDS) -> Tuple[str, ...]:
     from ...testbed.netns import require_root
 
     kinds = tuple(faults)
     for k in kinds:
-        if k not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {k!r}; expected some of {FAULT_KINDS}")
+        if k not in allowed:
+            raise ValueError(f"unknown fault kind {k!r}; expected some of {allowed}"
+                             + (" (cross: with --rate-phases)" if k == "cross" else ""))
     if not kinds:
-        raise ValueError(f"no fault kinds; expected some of {FAULT_KINDS}")
+        raise ValueError(f"no fault kinds; expected some of {allowed}")
+    if "cross" in kinds and hosts < 3:
+        raise ValueError("a cross needs at least 3 hosts: two that share no rail, and one to relay")
     if rails < 2:
         raise ValueError("the failover benchmark needs at least 2 rails")
     if hosts < 2:
@@ -117,7 +120,8 @@ def library_defaults(env: Dict[str, str]) -> Dict[str, Any]:
 def run_rate_bench(faults: Sequence[str] = FAULT_KINDS, hosts: int = 4, rails: int = 2, rate: str = "1gbit",
                    size: int = 4 << 20, policies: Sequence[Optional[str]] = ("active-backup",),
                    json_path: Optional[str] = None, log: Optional[Log] = None, **options: Any) -> dict:
-    """The rate phases (issue 12) under every policy; returns the result dict (``result["rates"]``).
+    """The rate phases (issue 12; ``cross``: the relayed phase of issue 16) under every policy; returns the
+    result dict (``result["rates"]``).
 
     ``options`` are other :class:`PhaseSettings` fields: ``phase_s`` (6), ``settle_s``, ``failback_s``,
     ``sub_s``, ``depth`` (1: a plain loop), ``flap_period_s``, ``congestion``, ``env``.
@@ -125,7 +129,7 @@ def run_rate_bench(faults: Sequence[str] = FAULT_KINDS, hosts: int = 4, rails: i
     from .rates import run_rate_phases
 
     log = log or (lambda s: print(s, flush=True))
-    kinds = _check(faults, hosts, rails)
+    kinds = _check(faults, hosts, rails, RATE_FAULT_KINDS)
     pols = tuple(_policy(p) for p in policies) or (None,)
     ps = PhaseSettings(faults=kinds, hosts=hosts, rails=rails, rate=rate, size=size, policies=pols, **options)
     if ps.phase_s < 2 * ps.sub_s:

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from .bench import run_failover_bench, run_rate_bench
 from .report import format_report, ok
-from .settings import FAULT_KINDS, POLICIES, Log
+from .settings import FAULT_KINDS, POLICIES, RATE_FAULT_KINDS, Log
 
 
 def _click():
@@ -65,7 +65,8 @@ def add_failover_options(cmd):
         click.option("--rate-phases", is_flag=True, default=False,
                      help="failover bench: instead of the fault series, measure the job's rate (rank 0's "
                           "all_reduces per second) healthy, during each fault (cut host 1, blackhole host 2, "
-                          "flap host 3, rail 0) and after the repairs"),
+                          "flap host 3, rail 0; cross: host 1 rail 0 and host 2 rail 1 at once, relayed) and "
+                          "after the repairs, and the longest stall once each fault began"),
         click.option("--phase-seconds", type=float, default=6.0, show_default=True,
                      help="failover bench: length of each rate phase"),
     ]
@@ -89,12 +90,14 @@ def _size(text: str) -> int:
     return parse_size(str(text), "--fault-size")
 
 
-def _kinds(faults: str) -> Tuple[str, ...]:
+def _kinds(faults: str, rate_phases: bool = False) -> Tuple[str, ...]:
     click = _click()
+    allowed = RATE_FAULT_KINDS if rate_phases else FAULT_KINDS
     kinds = tuple(k.strip() for k in faults.split(",") if k.strip())
-    bad = [k for k in kinds if k not in FAULT_KINDS]
+    bad = [k for k in kinds if k not in allowed]
     if bad or not kinds:
-        raise click.BadParameter(f"{faults!r}: expected a comma list of {', '.join(FAULT_KINDS)}",
+        extra = " (cross only with --rate-phases)" if "cross" in bad else ""
+        raise click.BadParameter(f"{faults!r}: expected a comma list of {', '.join(allowed)}{extra}",
                                  param_hint="'--faults'")
     return kinds
 
@@ -119,7 +122,7 @@ def run_failover_cli(faults: str, rails: Any = 2, json_path: Optional[str] = Non
     fail (ClickException) on wrong results, errors or hangs."""
     click = _click()
     echo = echo or click.echo
-    kinds = _kinds(faults)
+    kinds = _kinds(faults, rate_phases)
     pols = _policies(policy)
     ccs = tuple(c.strip() for c in mptcp_cc.split(",") if c.strip()) or (None,)
     try:
@@ -161,7 +164,8 @@ def _make_command():
     click = _click()
 
     @click.command("failover", context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("--faults", default="cut,blackhole", show_default=True, help="fault kinds: cut, blackhole, flap")
+    @click.option("--faults", default="cut,blackhole", show_default=True,
+                  help="fault kinds: cut, blackhole, flap (and, with --rate-phases, cross)")
     @click.option("--rails", default="2", show_default=True, help="testbed rails")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
                   help="write the whole result (every fault) here")

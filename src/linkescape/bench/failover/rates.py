@@ -1,13 +1,20 @@
-"""The job's rate while a rail is down (issue 12): ``linkescape bench --faults ... --rate-phases``.
+"""The job's rate while a rail is down (issue 12) or a pair is relayed (issue 16):
+``linkescape bench --faults ... --rate-phases``.
 
 One job per policy on one testbed: every rank all_reduces ``size`` bytes in a
 loop (``depth`` 1), and rank 0's completed operations per second are
 measured over ``phase_s`` in phases of the same run: *healthy*; *during*
 each fault (cut: host 1 rail 0, blackhole: host 2 rail 0, flap: host 3
-rail 0), counted from ``settle_s`` after it took effect; and *after the
-repairs* (``failback_s`` after the last one, so traffic is back on rail 0).
-The faults are one scripted shared schedule (:mod:`linkescape.faults`) played
-through the testbed injector, one fault at a time.
+rail 0; *relayed*: a cross, host 1 losing rail 0 and host 2 rail 1 at once,
+so that they share no rail and a third host relays their traffic), counted
+from ``settle_s`` after it took effect; and *after the repairs*
+(``failback_s`` after the last one, so traffic is back on rail 0). The faults
+are one scripted shared schedule (:mod:`linkescape.faults`) played through the
+testbed injector, one fault at a time. For every fault phase the longest
+stall of any rank once the fault began (the longest time between two of its
+completions, from the last one before the fault to ``failback_s`` after the
+repair) is reported too; the issue-16 targets of the relayed phase: >= 0.5x
+healthy under either policy, no stall over 1.5 s.
 
 Each phase is reported as ops/s (completions in the window / its length),
 the median of its ``sub_s`` windows (robust to one scheduling hiccup on a
@@ -49,8 +56,13 @@ def phase_plan(ps: PhaseSettings) -> Tuple[Any, List[Dict[str, Any]]]:
         if kind == "flap":
             cycles = max(1, int(round(hold / ps.flap_period_s)))
             d.update(period=ps.flap_period_s, hold=round(cycles * ps.flap_period_s, 3), mode="cut")
+        if kind == "cross":
+            d = {"id": i, "kind": "cross", "targets": [list(x) for x in ps.cross_targets()], "mode": "cut",
+                 "at": round(t, 3), "hold": round(hold, 3)}
         faults.append(d)
-        phases.append({"name": kind, "kind": kind, "fault": i, "host": host, "rail": ps.fault_rail,
+        phases.append({"name": "relayed" if kind == "cross" else kind, "kind": kind, "fault": i, "host": host,
+                       "rail": ps.fault_rail if kind != "cross" else 0,
+                       "targets": [list(x) for x in ps.cross_targets()] if kind == "cross" else [[host, ps.fault_rail]],
                        "from": t + S, "to": t + d["hold"]})
         t += d["hold"] + F
     phases.append({"name": "after the repairs", "kind": None, "fault": None, "from": t, "to": t + P})
@@ -110,6 +122,25 @@ def measure_phases(phases: Sequence[Dict[str, Any]], t0: float, runner_log: Sequ
     return out
 
 
+def longest_stall(dones: Sequence[dict], t0: float, t1: float) -> Optional[Dict[str, float]]:
+    """The longest time between two consecutive completions of one rank over ``[t0, t1]``, counting from
+    its last completion before ``t0`` (an operation in flight when the fault began waits from there):
+    ``{"stall_s", "after"}`` (the completion it followed), or None without completions."""
+    ts = sorted(d["t"] for d in dones)
+    before = [t for t in ts if t < t0]
+    inside = [t for t in ts if t0 <= t <= t1]
+    seq = before[-1:] + inside
+    if not seq:
+        return None
+    if len(seq) == 1:  # nothing completed in the window after the last one before it
+        return {"stall_s": t1 - seq[0], "after": seq[0]}
+    gaps = [(b - a, a) for a, b in zip(seq, seq[1:])]
+    if inside and t1 - inside[-1] > max(g for g, _ in gaps):  # still waiting at the end of the window
+        gaps.append((t1 - inside[-1], inside[-1]))
+    g, a = max(gaps)
+    return {"stall_s": g, "after": a}
+
+
 def capacity(policy: Optional[str], rails: int) -> float:
     """What the job can do with one rail of one host down, as a share of healthy: active-backup keeps an
     idle backup as fast as the primary (1.0); stripe loses that NIC's share ((rails - 1) / rails)."""
@@ -117,20 +148,27 @@ def capacity(policy: Optional[str], rails: int) -> float:
 
 
 def judge(rows: List[Dict[str, Any]], policy: Optional[str], rails: int) -> None:
-    """Each fault phase against the issue's target (reported, never enforced)."""
-    cap = capacity(policy, rails)
-    target = TARGETS["rate_stripe"] if policy == "stripe" else TARGETS["rate_active_backup"]
+    """Each fault phase against the issue's target (reported, never enforced): issue 12's rates for a rail
+    down; issue 16's for the relayed phase (>= 0.5x healthy under either policy, and no stall > 1.5 s)."""
     for row in rows:
         if row["kind"] is None or row.get("ratio") is None:
             continue
+        relayed = row["kind"] == "cross"
+        cap = 1.0 if relayed else capacity(policy, rails)
+        target = (TARGETS["rate_relayed"] if relayed else
+                  TARGETS["rate_stripe"] if policy == "stripe" else TARGETS["rate_active_backup"])
         row["capacity"] = cap
         row["vs_capacity"] = row["ratio"] / cap
         row["target"] = target
         row["met"] = row["vs_capacity"] >= target
+        if relayed and row.get("stall_s") is not None:
+            row["stall_target_s"] = TARGETS["stall_s"]
+            row["stall_met"] = row["stall_s"] <= TARGETS["stall_s"]
 
 
 def fault_events(job: FailoverJob, row: Dict[str, Any]) -> Dict[str, Any]:
-    """Detection and failback of one fault phase, from the faulty rank's trail."""
+    """Detection and failback of one fault phase, from the faulty rank's trail; for a cross, the relay of
+    its pair (the faulty rank's ``relay_on`` for the other host: when, via whom; its ``relay_off``)."""
     rank = row["host"]  # one rank per host, in host order
     out: Dict[str, Any] = {}
     if row.get("applied") is None:
@@ -139,10 +177,46 @@ def fault_events(job: FailoverJob, row: Dict[str, Any]) -> Dict[str, Any]:
     det = first_event(evs, "failover", row["applied"] - 0.05, row.get("repaired") or 1e18)
     out["detect_ms"] = None if det is None else (det["ts"] - row["applied"]) * 1e3
     out["detect_cause"] = None if det is None else det.get("cause")
+    if row["kind"] == "cross":
+        other = next(h for h, _ in row["targets"] if h != rank)
+        on = first_event(evs, "relay_on", row["applied"] - 0.05, row.get("repaired") or 1e18, peer=other)
+        out["relay_ms"] = None if on is None else (on["ts"] - row["applied"]) * 1e3
+        out["via"] = None if on is None else on.get("via")
+        out["relay_ons"] = sum(1 for e in evs if e.get("event") == "relay_on" and e.get("peer") == other
+                               and e["ts"] >= row["applied"] - 0.05)
+        if row.get("repaired") is not None:
+            off = first_event(evs, "relay_off", row["repaired"] - 0.05, 1e18, peer=other)
+            out["direct_ms"] = None if off is None else (off["ts"] - row["repaired"]) * 1e3
+            out["relay_off_cause"] = None if off is None else off.get("cause")
+        return out
     if row.get("repaired") is not None:
         fb = first_event(evs, "failback", row["repaired"], 1e18)
         out["failback_ms"] = None if fb is None else (fb["ts"] - row["repaired"]) * 1e3
     return out
+
+
+def stalls(job: FailoverJob, rows: List[Dict[str, Any]], world: int, failback_s: float) -> None:
+    """Per phase, the longest stall of any rank: a fault phase from the fault to ``failback_s`` after its
+    repair (what the fault cost, set-up and return included), the healthy phase over its window (the
+    machine's own)."""
+    dones = {r: job.dones(r) for r in range(world)}
+    for row in rows:
+        if row["kind"] is None and row["name"] != "healthy":
+            continue
+        if row["kind"] is None:
+            a, b = row["t0"], row["t1"]
+        elif row.get("applied") is not None:
+            a = row["applied"]
+            b = (row.get("repaired") or row["t1"]) + failback_s
+        else:
+            continue
+        worst = None
+        for r, d in dones.items():
+            s = longest_stall(d, a, b)
+            if s is not None and (worst is None or s["stall_s"] > worst[1]["stall_s"]):
+                worst = (r, s)
+        if worst is not None:
+            row["stall_s"], row["stall_rank"], row["stall_after"] = worst[1]["stall_s"], worst[0], worst[1]["after"]
 
 
 def run_policy(tb, ps: PhaseSettings, policy: Optional[str], log: Log) -> Dict[str, Any]:
@@ -182,6 +256,7 @@ def run_policy(tb, ps: PhaseSettings, policy: Optional[str], log: Log) -> Dict[s
         for row in rows:
             if row["kind"] is not None:
                 row.update(fault_events(job, row))
+        stalls(job, rows, ps.hosts, ps.failback_s)
         judge(rows, policy, ps.rails)
     finally:
         if runner is not None:
@@ -231,10 +306,24 @@ def format_rates(res: Dict[str, Any]) -> str:
             cells.append(text)
         lines.append(f"  {policy}: " + "; ".join(cells))
         for row in r["phases"]:
-            if row["kind"] is not None:
+            stall = (f"; longest stall of any rank {'since the fault' if row['kind'] else 'in the phase'} "
+                     f"{_f(None if row.get('stall_s') is None else row['stall_s'] * 1e3)} ms (rank "
+                     f"{row.get('stall_rank')})" if row.get("stall_s") is not None else "")
+            if "stall_met" in row:
+                stall += f", target <= {row['stall_target_s']:g} s: {'met' if row['stall_met'] else 'MISSED'}"
+            if row["kind"] == "cross":
+                where = " + ".join(f"host {h} rail {rl}" for h, rl in row["targets"])
+                lines.append(f"    relayed ({where}: no rail in common): detected {_f(row.get('detect_ms'))} ms "
+                             f"({row.get('detect_cause')}), relayed after {_f(row.get('relay_ms'))} ms via rank "
+                             f"{row.get('via')} ({row.get('relay_ons', 0)} relay_on), direct again "
+                             f"{_f(row.get('direct_ms'))} ms after the repair ({row.get('relay_off_cause')})"
+                             + stall)
+            elif row["kind"] is not None:
                 lines.append(f"    {row['kind']} host {row['host']} rail {row['rail']}: detected "
                              f"{_f(row.get('detect_ms'))} ms ({row.get('detect_cause')}), failback "
-                             f"{_f(row.get('failback_ms'))} ms after the repair")
+                             f"{_f(row.get('failback_ms'))} ms after the repair" + stall)
+            elif stall:
+                lines.append(f"    {row['name']}{stall}")
         lines.append(f"    wrong {r['wrong']}, errors {len(r['errors'])}, hangs {r['hangs']}, "
                      f"injection errors {len(r['injection_errors'])}, rank 0 iterations {r['iters']}")
     return "\n".join(lines)
@@ -249,4 +338,4 @@ def _f(v: Optional[float]) -> str:
 
 
 __all__ = ["run_rate_phases", "run_policy", "phase_plan", "measure_phases", "window_rates", "capacity",
-           "format_rates", "rates_ok"]
+           "longest_stall", "format_rates", "rates_ok"]

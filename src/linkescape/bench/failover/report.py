@@ -30,6 +30,8 @@ def verdict(result: dict) -> Dict[str, Any]:
         for row in r["phases"]:
             if "met" in row:
                 out[f"rate_{policy}_{row['kind']}"] = row["met"]
+            if "stall_met" in row:
+                out[f"stall_{policy}_{row['kind']}"] = row["stall_met"]
     return out
 
 

@@ -7,6 +7,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 #: fault kinds of the benchmark (a flap is a cut that comes and goes, ``flap_cycles`` times)
 FAULT_KINDS = ("cut", "blackhole", "flap")
+#: the rate phases add ``cross``: host 1 loses rail 0 and host 2 rail 1, so they share no rail and a third
+#: host relays their traffic (issue 16)
+RATE_FAULT_KINDS = FAULT_KINDS + ("cross",)
 #: what ``--faults`` means when not given
 DEFAULT_FAULTS = ("cut", "blackhole")
 POLICIES = ("active-backup", "stripe")
@@ -21,6 +24,9 @@ TARGETS = {
     # issue 12: the job's rate while one rail of one host is down, against healthy
     "rate_active_backup": 0.95,   # x healthy
     "rate_stripe": 0.90,          # x what the surviving rails can carry
+    # issue 16: while a pair is relayed (a cross), under either policy
+    "rate_relayed": 0.50,         # x healthy
+    "stall_s": 1.5,               # no operation stalls longer than this once the fault has begun
 }
 
 Log = Callable[[str], None]
@@ -94,9 +100,14 @@ class PhaseSettings:
     env: Dict[str, str] = field(default_factory=dict)
 
     def fault_host(self, kind: str) -> int:
-        """cut: host 1, blackhole: host 2, flap: host 3 (modulo the hosts, never host 0 when there are others)."""
-        k = {"cut": 1, "blackhole": 2, "flap": 3}[kind]
+        """cut: host 1, blackhole: host 2, flap: host 3 (modulo the hosts, never host 0 when there are others);
+        cross: host 1 (with host 2)."""
+        k = {"cut": 1, "blackhole": 2, "flap": 3, "cross": 1}[kind]
         return 1 + (k - 1) % (self.hosts - 1) if self.hosts > 1 else 0
+
+    def cross_targets(self) -> Tuple[Tuple[int, int], ...]:
+        """The cross: host 1 loses rail 0, host 2 every other rail (they share none; hosts 0 and 3.. relay)."""
+        return ((1, 0),) + tuple((2, r) for r in range(1, self.rails))
 
 
 def policy_env(policy: Optional[str]) -> Dict[str, str]:
@@ -107,5 +118,6 @@ def cc_env(cc: Optional[str]) -> Dict[str, str]:
     return {"LINKESCAPE_TCP_CONGESTION": cc} if cc else {}
 
 
-__all__ = ["Settings", "PhaseSettings", "FAULT_KINDS", "DEFAULT_FAULTS", "POLICIES", "TARGETS", "LOST_SPAN_S", "Log",
+__all__ = ["Settings", "PhaseSettings", "FAULT_KINDS", "RATE_FAULT_KINDS", "DEFAULT_FAULTS", "POLICIES", "TARGETS",
+           "LOST_SPAN_S", "Log",
            "policy_env", "cc_env"]
