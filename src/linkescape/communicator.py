@@ -52,13 +52,23 @@ class Work:
         if not self._op.done:
             exc = CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
             self._comm._trace_timeout(exc)
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # (kept here, it would hold this frame through its traceback: a cycle)
         if self._op.error is not None:
             self._comm._before_raise(self._op.error)
             raise self._op.error
         return True
 
     def is_completed(self) -> bool:
+        return self._op.done
+
+    def done_within(self, timeout: float) -> bool:
+        """Drive progress for up to ``timeout`` seconds; whether the operation
+        ended (with or without error). Raises nothing: for waits in slices."""
+        if not self._op.done:
+            self._comm._driver.wait(self._op, timeout)
         return self._op.done
 
     @property

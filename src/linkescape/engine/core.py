@@ -340,7 +340,7 @@ class Engine:
             self._apply(src, src.tell(RELAY_UNREACH, dst_rank))
         else:
             self.env.relaying = self.relays.pairs()
-            self._apply(dst, dst.pump())
+            self._apply(dst, dst.flush(link))
         for rank in self.relays.take_unblocked():
             p = self.peers[rank]
             self._apply(p, p.resume())
@@ -459,7 +459,8 @@ class Engine:
             self.ops.fail_needing(peer, peer.lost)
         for p in op.peers:
             peer = peers[p]
-            peer.resume_wanted = True
+            if peer.receiver.blocked():
+                peer.resume_wanted = True
             self._apply(peer, peer.pump())
         self.ops.check(op, self.clock.now())
 
@@ -497,7 +498,7 @@ class Engine:
         if hot:
             for peer in list(hot):
                 sender = peer.sender
-                if sender.queue or sender.replay or (sender.ack_urgent and peer.inbound.ack_owed):
+                if sender.ready or (sender.ack_urgent and peer.inbound.ack_owed):
                     self._apply(peer, peer.pump())
         if self.ops:
             self.ops.check_all(now)
@@ -572,12 +573,16 @@ class Engine:
             for link in peer.links:
                 if link is None or peer.status[link.rail].state is not State.UP or link.grey is None:
                     continue
+                held = peer.avoid >> link.rail & 1
+                if not held and link.bytes_sent == link.grey_sent:
+                    continue  # it carried nothing since the last sample: nothing to judge
+                link.grey_sent = link.bytes_sent
                 try:
                     sample = tcp_sample(link.sock, now)
                 except OSError:
                     continue
                 w = link.grey.measure(sample)
-                if peer.avoid >> link.rail & 1:
+                if held:
                     self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs))
                 elif w is not None:
                     windows.setdefault(link.rail, []).append(w)

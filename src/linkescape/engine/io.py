@@ -1,5 +1,5 @@
 """The descriptors the engine waits on: links, a wake-up pipe, and others'
-(the carrier monitor). Two poll objects: the one a driving thread waits on
+(the carrier monitor). Two epoll sets: the one a driving thread waits on
 (every link), and the background thread's idle one (no links: while a
 caller drives an operation, a frame must wake exactly one thread)."""
 
@@ -57,9 +57,12 @@ class Signal:
 
 
 class IoSet:
+    """epoll, not poll: a wait costs what is ready, not every registered link
+    (a rank of N ranks holds about N x rails of them)."""
+
     def __init__(self) -> None:
-        self.poller = select.poll()
-        self.idle_poller = select.poll()
+        self.poller = select.epoll()
+        self.idle_poller = select.epoll()
         self.links: Dict[int, Link] = {}
         self.masks: Dict[int, int] = {}
         self.extra: Dict[int, Callable[[int], None]] = {}
@@ -80,7 +83,6 @@ class IoSet:
     def remove_link(self, link: Link) -> None:
         if self.links.get(link.fd) is link:
             _unregister(self.poller, link.fd)
-            _unregister(self.idle_poller, link.fd)
             del self.links[link.fd]
             self.masks.pop(link.fd, None)
 
@@ -104,15 +106,15 @@ class IoSet:
     def poll(self, timeout: float) -> List[Tuple[int, int]]:
         self.wakeups += 1
         try:
-            return self.poller.poll(min(max(0.0, timeout), MAX_WAIT) * 1000.0)
+            return self.poller.poll(min(max(0.0, timeout), MAX_WAIT))
         except InterruptedError:
             return []
 
     def idle_poll(self, timeout: float) -> List[Tuple[int, int]]:
         self.wakeups += 1
         try:
-            return self.idle_poller.poll(min(max(0.0, timeout), MAX_WAIT) * 1000.0)
-        except (InterruptedError, RuntimeError):
+            return self.idle_poller.poll(min(max(0.0, timeout), MAX_WAIT))
+        except (InterruptedError, RuntimeError, ValueError):
             return []
 
     def is_wake(self, fd: int) -> bool:
@@ -136,3 +138,5 @@ class IoSet:
                 os.close(fd)
             except OSError:
                 pass
+        self.poller.close()
+        self.idle_poller.close()

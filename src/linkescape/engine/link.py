@@ -76,7 +76,7 @@ class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "out", "out_bytes", "rbuf", "rview", "rpos", "rend",
                  "hdr", "sink", "sink_got", "parked", "staging", "last_sent", "bytes_sent", "bytes_received",
                  "binding", "pending_since", "silent_at", "grey", "parked_at", "frames_sent",
-                 "frames_received", "open", "mac", "whole")
+                 "frames_received", "open", "mac", "whole", "grey_sent")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float,
                  mac_key: Optional[bytes] = None):
@@ -111,6 +111,7 @@ class Link:
         self.frames_received = 0
         self.binding = None  # what the current payload is for (set by the receiver)
         self.grey = None  # its goodput watch (set by its peer)
+        self.grey_sent = 0  # bytes_sent at its last goodput sample
         #: frame MACs (LINKESCAPE_FRAME_AUTH): every frame carries a tag, and
         #: is read whole (``whole``: header, payload, tag) before it is acted on
         self.mac: Optional[FrameMac] = FrameMac(mac_key) if mac_key else None

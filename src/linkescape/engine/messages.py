@@ -65,7 +65,12 @@ class Op:
 
     @property
     def transferred(self) -> bool:
-        return self.pending_recvs == 0 and all(m.carved == m.nbytes for m in self.sends)
+        if self.pending_recvs:
+            return False
+        for m in self.sends:
+            if m.carved != m.nbytes:
+                return False
+        return True
 
 
 class OutMessage:

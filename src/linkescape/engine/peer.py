@@ -192,7 +192,18 @@ class PeerChannel:
         self.receiver.post(m)
 
     def pump(self):
-        self.sender.pump()
+        """Carve and write what is ready; an acknowledgement the peer waits for goes too."""
+        sender = self.sender
+        if sender.ready:
+            sender.pump()
+        if sender.ack_urgent and self.inbound.ack_owed:
+            sender.send_ack()
+        return self._done()
+
+    def flush(self, link: Link):
+        """Write what is queued on ``link`` (frames of others a relay queued there)."""
+        if link.open and link.out:
+            self.sender.flush(link)
         return self._done()
 
     def cancel(self, m) -> None:
@@ -452,7 +463,7 @@ class PeerChannel:
                 self.sender.flush(link)
             elif ev & POLLERR:
                 self._on_disconnect(link, ConnectionResetError("POLLERR/POLLHUP"))
-        if self.sender.queue or self.sender.replay:
+        if self.sender.ready:
             self.sender.pump()
         return self._done()
 
@@ -652,7 +663,10 @@ class PeerChannel:
         for link in self.links:
             if link is None or self.status[link.rail].state is not State.UP:
                 continue
-            if self._silent(link, now, blind):
+            # silence can only be found on bytes written since the last check
+            # found everything acknowledged, and not before it could pass the timeout
+            if (link.pending_since is not None and (blind or now >= link.silent_at)
+                    and self._silent(link, now, blind)):
                 self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {now - link.pending_since:.3f}s "
                                                         f"({self._tcp_summary(link)})")
                 # the other end would find out only at its own next check

@@ -480,7 +480,18 @@ class Receiver:
         # A parked link may hold the next frame: the one that was ahead of
         # this one (failback: new frames on the primary while the backup
         # drains), or the start of a message that is posted now.
-        peer.resume_wanted = True
+        if self.blocked():
+            peer.resume_wanted = True
+
+    def blocked(self) -> bool:
+        """Frames wait that a new receive or an applied frame may let in
+        (the stash, a parked link)."""
+        if self.stash:
+            return True
+        for link in self.peer.links:
+            if link is not None and link.parked:
+                return True
+        return False
 
     def _stash(self, hdr: Header, payload: memoryview) -> bool:
         if hdr.seq < self.peer.inbound.expected or hdr.seq in self.stash:

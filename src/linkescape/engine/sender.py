@@ -29,6 +29,18 @@ class Sender:
     def busy(self) -> bool:
         return bool(self.queue) or self.replay
 
+    @property
+    def ready(self) -> bool:
+        """Frames could be carved now (a message at the head has bytes ready,
+        or is empty) or replayed."""
+        if self.replay:
+            return True
+        queue = self.queue
+        if not queue:
+            return False
+        m = queue[0]
+        return m.carved < m.ready or not m.nbytes
+
     def post(self, m: OutMessage) -> None:
         self.queue.append(m)
 

@@ -97,8 +97,11 @@ class RailRate:
 
 def _push(recent, w: Window, keep: float) -> None:
     recent.append(w)
-    while len(recent) > 1 and sum(x.dt for x in recent) - recent[0].dt >= keep:
-        recent.popleft()
+    total = 0.0
+    for x in recent:
+        total += x.dt
+    while len(recent) > 1 and total - recent[0].dt >= keep:
+        total -= recent.popleft().dt
 
 
 def _span(recent, seconds: float) -> Optional[Window]:

@@ -185,6 +185,10 @@ class _Part:
     def wait(self, timeout: Optional[float] = None) -> bool:
         return self.work._wait_done(timeout)
 
+    def done_within(self, timeout: float) -> bool:
+        self.work._wait_done(timeout)
+        return self.work._done.is_set()
+
     def is_completed(self) -> bool:
         return self.work._done.is_set()
 
@@ -364,12 +368,7 @@ class LinkEscapeWork(dist.Work):
                     left = _SLICE if end is None else min(_SLICE, end - time.monotonic())
                     if left <= 0:
                         break
-                    try:
-                        part.wait(left)
-                    except LinkEscapeError:
-                        pass  # recorded by the callback, or this slice ran out
-                    except Exception:  # noqa: BLE001
-                        pass
+                    part.done_within(left)  # its error, if any, reaches us through the callback
                 if self._cause is not None or (end is not None and time.monotonic() >= end):
                     break
         finally:
