@@ -126,6 +126,8 @@ _ENV = {
     "LINKESCAPE_COPY_BYTES": ("copy_bytes", _size),
     "LINKESCAPE_DIRECT_BYTES": ("direct_bytes", _size),
     "LINKESCAPE_TREE_RANKS": ("tree_ranks", lambda v, n: _count(v, n)),
+    "LINKESCAPE_HALVING_RANKS": ("halving_ranks", lambda v, n: _count(v, n)),
+    "LINKESCAPE_HALVING_BYTES": ("halving_bytes", _size),
     "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
     "LINKESCAPE_HEARTBEAT_MS": ("heartbeat_interval", _millis),
     "LINKESCAPE_PROBE_RATE": ("probe_rate", lambda v, n: _rate(v, n)),
@@ -177,6 +179,11 @@ class Config:
     #: a small all_reduce of this many ranks or more is a reduce and a
     #: broadcast tree (2(n-1) messages) rather than recursive doubling (n log2 n)
     tree_ranks: int = 16
+    #: an all_reduce above small_bytes and up to halving_bytes, of this many
+    #: ranks or more, is recursive halving and doubling (2 log2 n steps)
+    #: rather than a ring (2(n-1) steps)
+    halving_ranks: int = 8
+    halving_bytes: int = 16 << 20
     #: frames up to this size are copied into the retransmit store when sent;
     #: larger ones are sent zero-copy from the caller's memory
     copy_bytes: int = 64 << 10
