@@ -167,7 +167,7 @@ def test_the_relayed_phase_on_a_4_host_testbed(tmp_path):
     require_testbed()
     result = fo.run_rate_bench(("cross",), hosts=4, rails=2, rate="1gbit", size=4 << 20,
                                policies=("active-backup",), json_path=str(tmp_path / "r.json"), log=lambda s: None,
-                               phase_s=4.0, settle_s=1.0, failback_s=3.0)
+                               phase_s=3.0, settle_s=1.0, failback_s=3.0)
     text = fo.format_report(result)
     assert fo.ok(result), text
     healthy, relayed, after = result["rates"]["policies"]["active-backup"]["phases"]
@@ -175,7 +175,7 @@ def test_the_relayed_phase_on_a_4_host_testbed(tmp_path):
     assert relayed["detect_cause"] == "carrier" and relayed["via"] in (0, 3), text
     assert relayed["relay_ms"] is not None and relayed["relay_ms"] < 1000, text  # within 1 s of the fault
     assert relayed["relay_off_cause"] == "path_back" and relayed["direct_ms"] is not None, text
-    assert healthy["ops"] > 20 and after["ratio"] > 0.8, text  # the job is back to its rate afterwards
+    assert healthy["ops"] > 15 and after["ratio"] > 0.8, text  # the job is back to its rate afterwards
     assert relayed["stall_s"] is not None and relayed["stall_rank"] in range(4), text
     assert relayed.get("met") is not None and relayed.get("stall_met") is not None, text
     if not (relayed["met"] and relayed["stall_met"]):
