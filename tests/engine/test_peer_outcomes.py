@@ -14,10 +14,11 @@ from linkescape.engine.clock import FakeClock
 from linkescape.engine.io import POLLIN, IoSet
 from linkescape.engine.link import Link
 from linkescape.engine.messages import InMessage, Op, OutMessage
-from linkescape.engine.outcomes import (Emit, Fatal, LinkDown, LinkUp, NoPath, PathBack, RecvDone, Redial)
+from linkescape.engine.outcomes import (Emit, Fatal, LinkDown, LinkUp, NoPath, PathBack, RecvDone, Redial, Relayed)
 from linkescape.engine.peer import Matcher, PeerChannel, PeerEnv
 from linkescape.engine.relay import RelayRouter
-from linkescape.protocol.frames import (DATA, HEADER_SIZE, HEARTBEAT, P2P_FLAG, pack_header, unpack_header)
+from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, P2P_FLAG, RELAY, pack_header,
+                                       unpack_header)
 from linkescape.protocol.grey import RailRate
 from linkescape.protocol.linkstate import PathPolicy
 from linkescape.protocol.railstate import RailWord
@@ -275,6 +276,35 @@ def test_zero_length_frames_ahead_are_bounded_in_count_and_applied_in_one_pass()
         assert len(r.peer.receiver.stash) <= 100
     finally:
         r.close()
+
+
+def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link(rig):
+    """Rank 1 relays rank 2's frames to us on the link that also carries its
+    own. Placing one of rank 1's frames from the stash (its receive was posted
+    late) must not disarm the RELAY frame half-read on that link: it is
+    another pair's frame, and dropping it lost it for good (a relayed pair
+    stalled until its path changed: the bug the relayed rate phase found)."""
+    # rank 1's frame of a collective we have not posted yet: kept in the stash
+    own = pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz"
+    rig.peer.on_relayed(memoryview(own))
+    assert 1 in rig.peer.receiver.stash
+    # rank 2's frame for us, passed on by rank 1: half of it arrives
+    inner = pack_header(DATA, 7, 0, msg=1, offset=0, length=1000, sig=0, arg=1000) + bytes(range(250)) * 4
+    relay = pack_header(RELAY, 0, 0, arg=2, length=len(inner), flags=FLAG_PASSED) + inner
+    assert not [o for o in rig.send(0, relay[:600]) if isinstance(o, Relayed)]
+    # the receive is posted: the stashed frame is placed
+    op = Op(1, "t", 1e9)
+    buf = bytearray(4)
+    m = InMessage(op, 1, 1, 0, 4, dst=memoryview(buf))
+    op.recvs.append(m)
+    op.pending_recvs = 1
+    rig.matcher.coll_started = 1
+    rig.peer.post_recv(m)
+    assert [o for o in rig.peer.resume() if isinstance(o, RecvDone)] == [RecvDone(m)]
+    assert bytes(buf) == b"wxyz"
+    # the rest of the relayed frame arrives: it is handed on whole
+    got = [o for o in rig.send(0, relay[600:]) if isinstance(o, Relayed)]
+    assert len(got) == 1 and got[0].src == 2 and bytes(got[0].frame) == inner
 
 
 def test_a_frame_for_a_posted_receive_reports_recv_done(rig):

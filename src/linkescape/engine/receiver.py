@@ -530,11 +530,14 @@ class Receiver:
                 m.done = True
                 peer.report(RecvDone(m))
         # A copy of this frame half-read on another (failing) link must
-        # never land in memory that may be reused from now on.
+        # never land in memory that may be reused from now on. (Only DATA
+        # frames of this channel: a RELAY frame half-read on the same link is
+        # another pair's, its header carries no sequence number of ours, and
+        # dropping it would lose that pair's frame.)
         expected = peer.inbound.expected
         for other in peer.links:
             if (other is not None and other is not link and other.mac is None and other.binding is not None
-                    and other.hdr is not None and other.hdr.seq < expected):
+                    and other.hdr is not None and other.hdr.kind == DATA and other.hdr.seq < expected):
                 other.binding = None
                 other.sink = peer.env.discard(len(other.sink))
 
