@@ -93,7 +93,9 @@ def _scrape_through_fault(comm, base):
     stage("cut", cut)
     if r == 0:
         comm.inject_fault(0, "restore")
+    # both sides: the peer learns the repair from the next rail word (a heartbeat), not at once
     back = lambda m0, m1: (get(m0, "linkescape_link_up", peer=1, rail=0) == 1  # noqa: E731
+                           and get(m1, "linkescape_link_up", peer=0, rail=0) == 1
                            and get(m0, "linkescape_primary_rail", peer=1) == 0
                            and (get(m0, "linkescape_link_events_total", event="failback", cause="", rail=0) or 0) >= 1)
     stage("back", back)

@@ -13,6 +13,7 @@ import os
 import random
 import secrets
 import socket
+import struct
 import time
 
 import numpy as np
@@ -325,7 +326,11 @@ def _flood(addrs, seconds):
     while time.monotonic() < end:
         for addr in addrs:
             try:
-                socket.create_connection(addr, timeout=1).close()
+                s = socket.create_connection(addr, timeout=1)
+                # close with a reset: thousands of closed connections in TIME-WAIT would hold
+                # the loopback's ephemeral ports for a minute and starve the tests after this one
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
                 n += 1
             except OSError:
                 pass
