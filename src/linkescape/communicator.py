@@ -138,8 +138,8 @@ class Communicator:
             self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
             self._driver = Driver(self._engine)
         self._driver.spin = self._spin_budget()
-        self._engine.start()
-        self._driver.start_background()
+        starts = [self._engine.start] + ([self._recovery.start] if self._recovery is not None else [])
+        self._driver.start_background(also=starts)
         self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
 

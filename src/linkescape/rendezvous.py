@@ -28,7 +28,6 @@ import os
 import secrets
 import select
 import socket
-import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -187,7 +186,6 @@ class LinkSetup:
         self.auth: Optional[LinkAuth] = None
         self.acceptor: Optional[Acceptor] = None
         self.accepted: Dict[Tuple[int, int], socket.socket] = {}
-        self._cv = threading.Condition()
         self._store = None
         self._abort: Optional[BaseException] = None
         self._flag_at = 0.0
@@ -251,27 +249,19 @@ class LinkSetup:
             raise HandshakeError(f"rail {rail} is opened after start-up")
         return 1  # nothing received yet: replay would start at seq 1
 
-    def _accept_loop(self, expected: int, deadline: float, stop: threading.Event) -> None:
+    def _accept_some(self) -> None:
+        """Advance the incoming handshakes (never blocks) and keep the links
+        whose dialer proved the key."""
         acc = self.acceptor
-        try:
-            while not stop.is_set() and time.monotonic() < deadline:
-                with self._cv:
-                    if len(self.accepted) >= expected:
-                        return
-                acc.wait(0.05)
-                for link in acc.poll(self._admit):
-                    with self._cv:
-                        old = self.accepted.pop((link.peer, link.rail), None)
-                        if old is not None:  # the dialer gave up on it and dialed again
-                            old.close()
-                        self.accepted[(link.peer, link.rail)] = link.sock
-                        self.link_keys[(link.peer, link.rail)] = link.link_key
-                        self._cv.notify_all()
-                seen = sum(acc.auth_failures.values())
-                self._check_flag(force=seen != self._auth_seen)
-                self._auth_seen = seen
-        except AuthError as exc:
-            self._abort = exc
+        for link in acc.poll(self._admit):
+            old = self.accepted.pop((link.peer, link.rail), None)
+            if old is not None:  # the dialer gave up on it and dialed again
+                old.close()
+            self.accepted[(link.peer, link.rail)] = link.sock
+            self.link_keys[(link.peer, link.rail)] = link.link_key
+        seen = sum(acc.auth_failures.values())
+        self._check_flag(force=seen != self._auth_seen)
+        self._auth_seen = seen
 
     # ------------------------------------------------------------ all links
     def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float,
@@ -297,54 +287,49 @@ class LinkSetup:
         self.acceptor = Acceptor(self.listeners, self.auth, self.config, peer_addrs=peers)
         self._rails = set(range(nr)) if rails is None else set(rails)
         expected_in = (self.world_size - 1 - self.rank) * len(self._rails)
-        stop = threading.Event()
-        acceptor = threading.Thread(target=self._accept_loop, args=(expected_in, deadline, stop), daemon=True,
-                                    name=f"linkescape-accept-{self.rank}")
-        acceptor.start()
         out: Dict[Tuple[int, int], socket.socket] = {}
         try:
-            self._dial_all(peers, sorted(self._rails), deadline, out)
-            while acceptor.is_alive() and time.monotonic() < deadline:
-                acceptor.join(0.05)
-                if self._abort is not None:
-                    raise self._abort
+            # dials and accepts from this one thread and one poll (a thread of
+            # its own would first have to be scheduled: on a loaded host, the
+            # time every dialer of this rank waits)
+            self._dial_all(peers, sorted(self._rails), deadline, out, expected_in)
             if self._abort is not None:
                 raise self._abort
         except BaseException:
             for sock in out.values():
                 sock.close()
             raise
-        finally:
-            stop.set()
-            acceptor.join()
-        with self._cv:
-            missing = sorted({p for p in range(self.rank + 1, self.world_size) for r in self._rails
-                              if (p, r) not in self.accepted})
-            if missing:
-                for sock in out.values():
-                    sock.close()
-                raise RendezvousError(f"rank {self.rank}: ranks {missing} never connected", missing=missing)
-            out.update(self.accepted)
+        missing = sorted({p for p in range(self.rank + 1, self.world_size) for r in self._rails
+                          if (p, r) not in self.accepted})
+        if missing:
+            for sock in out.values():
+                sock.close()
+            raise RendezvousError(f"rank {self.rank}: ranks {missing} never connected", missing=missing)
+        out.update(self.accepted)
         return out
 
     def _dial_all(self, peers: Dict[int, List[Tuple[str, int]]], rails: List[int], deadline: float,
-                  out: Dict[Tuple[int, int], socket.socket]) -> None:
+                  out: Dict[Tuple[int, int], socket.socket], expected_in: int = 0) -> None:
         """Dial every lower rank on every rail, ``DIAL_PARALLEL`` at a time,
         all from this thread: each dial is a non-blocking socket and its
         handshake, advanced when ``poll`` finds it ready (a dial mostly
         waits for the peer, so one at a time made start-up grow with N x the
         round trip, and a thread per dial cost more than the dial). A dial
         that fails (refused, reset, no answer in 10 s) is retried with
-        backoff until ``deadline``; a key mismatch stops them all."""
+        backoff until ``deadline``; a key mismatch stops them all. The same
+        loop accepts the ``expected_in`` links of the higher ranks."""
         todo = [(p, rail) for p in range(self.rank) for rail in rails]
         todo.reverse()  # popped from the end: lowest rank first
         retry_at: Dict[Tuple[int, int], float] = {}
         delays: Dict[Tuple[int, int], float] = {}
         live: Dict[int, Tuple[Tuple[int, int], tcp.Dial]] = {}
         waiting: List[Tuple[int, int]] = []
+        acc = self.acceptor
         try:
-            while todo or live or waiting:
+            while todo or live or waiting or (acc is not None and len(self.accepted) < expected_in):
                 now = time.monotonic()
+                if now > deadline:
+                    return  # (what is missing is named by the caller)
                 for key in [k for k in waiting if retry_at[k] <= now]:
                     waiting.remove(key)
                     todo.append(key)
@@ -363,15 +348,15 @@ class LinkSetup:
                         self.link_keys[key] = dial.established.link_key
                         continue
                     live[dial.fileno()] = (key, dial)
-                if not live:
-                    if waiting:
-                        time.sleep(max(0.0, min(retry_at[k] for k in waiting) - time.monotonic()))
-                    continue
                 poller = select.poll()  # not select(): descriptors past 1024 at large N
                 for fd, (_k, d) in live.items():
                     poller.register(fd, select.POLLIN | (select.POLLOUT if d.wants_write else 0))
+                if acc is not None:
+                    poller.register(acc.fileno(), select.POLLIN)
                 soonest = min((retry_at[k] for k in waiting), default=now + 0.05)
                 ready = {fd for fd, _ev in poller.poll(1000 * max(0.0, min(0.05, soonest - now)))}
+                if acc is not None:
+                    self._accept_some()
                 now = time.monotonic()
                 for fd in list(live):
                     key, dial = live[fd]

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 from .messages import Op
 
@@ -145,16 +145,26 @@ class Driver:
             self.engine.io.wake()
 
     # ------------------------------------------------------------ background
-    def start_background(self) -> None:
-        self._thread = threading.Thread(target=self._background, name=f"linkescape-progress-{self.engine.rank}",
-                                        daemon=True)
+    def start_background(self, also: Sequence[Callable[[], None]] = ()) -> None:
+        """Start the progress thread; it first starts ``also`` (the rank's
+        other threads: a thread start waits until the new thread runs, which
+        on a loaded host is a scheduling round each, off the caller's path)."""
+        self._thread = threading.Thread(target=self._background, args=(tuple(also),),
+                                        name=f"linkescape-progress-{self.engine.rank}", daemon=True)
         self._thread.start()
 
-    def _background(self) -> None:
+    def _background(self, also=()) -> None:
         """Drive async operations while nobody waits; otherwise tick timers.
 
         While a caller drives, this thread stays off the lock and off the
         links, so frames wake exactly one thread."""
+        for start in also:
+            if self.engine.closed:
+                break  # closed before it got going: nothing to start
+            try:
+                start()
+            except Exception:  # noqa: BLE001
+                log.exception("a thread of the rank did not start")
         eng = self.engine
         while not eng.closed:
             if self._drivers:

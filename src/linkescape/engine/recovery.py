@@ -115,6 +115,8 @@ class Recovery:
                 log.warning("rank %d: no carrier watch (%s); relying on timeouts", self.rank, exc)
                 self.monitor = None
         self.thread = threading.Thread(target=self._loop, name=f"linkescape-recovery-{self.rank}", daemon=True)
+
+    def start(self) -> None:
         self.thread.start()
 
     # ------------------------------------------------------------ carrier (engine thread, lock held)
@@ -327,7 +329,7 @@ class Recovery:
     def close(self) -> None:
         self.closed = True
         self.wake()
-        if self.thread is not threading.current_thread():
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=3.0)
         for _key, dial in self._dials.values():
             dial.close()
