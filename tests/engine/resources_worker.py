@@ -1,10 +1,24 @@
-"""One rank of the bounded-resources test (run inside a testbed host).
+"""One rank of the bounded-resources tests.
 
-Prints JSON lines: ``warm`` and ``end`` with the fds, threads and RSS of the
-process, then ``closed`` after ``Communicator.close()``."""
+``resources_worker.py RANK WORLD STORE ITERS``: the cut-cycle test (run
+inside a testbed host). A fresh 1 MiB buffer every all_reduce until ITERS
+operations are done and the stop file exists. Prints JSON lines: ``warm`` and
+``end`` with the fds, threads and RSS of the process, then ``closed`` after
+``Communicator.close()``.
+
+``resources_worker.py RANK WORLD STORE ITERS --series fresh|reused``: the
+memory series (loopback rails, from ``LINKESCAPE_RAILS``). ITERS all_reduces
+of ``--nbytes`` float32 after ``--warmup`` more, each on a freshly allocated
+buffer (``buf = base + (i % 97) + rank``, the issue's loop) or, for the
+control, the same values written into one reused buffer. RSS is sampled every
+``--every`` operations after the warm-up. Prints ``series`` (``ops``, ``rss``:
+the samples; ``wrong``: elements that differ from the exact sum), then
+``closed``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -14,6 +28,11 @@ import time
 import numpy as np
 
 
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def state() -> dict:
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
@@ -21,9 +40,7 @@ def state() -> dict:
             fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             pass
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return {"fds": fds, "threads": sorted(t.name for t in threading.enumerate()), "rss": rss}
+    return {"fds": fds, "threads": sorted(t.name for t in threading.enumerate()), "rss": rss()}
 
 
 def say(**rec) -> None:
@@ -31,8 +48,7 @@ def say(**rec) -> None:
     sys.stdout.flush()
 
 
-def main() -> None:
-    rank, world, store, iters = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+def cycles(rank: int, world: int, store: str, iters: int) -> None:
     from linkescape import Communicator, FileStore, ReduceOp
 
     before = state()
@@ -62,6 +78,56 @@ def main() -> None:
     comm.close()
     time.sleep(0.5)
     say(event="closed", before=before, **state())
+
+
+def series(rank: int, world: int, store: str, iters: int, mode: str, nbytes: int, warmup: int, every: int) -> None:
+    from linkescape import Communicator, FileStore
+
+    comm = Communicator(FileStore(store, timeout=60), rank, world)
+    base = (np.arange(nbytes // 4) % 1024).astype(np.float32)  # exact in float32, and so are the sums
+    reused = np.empty_like(base)
+    shift = sum(range(world))
+    ops, samples, wrong = [], [], 0
+    t0 = None
+    for i in range(warmup + iters):
+        if i == warmup:
+            t0 = time.perf_counter()
+        if mode == "fresh":
+            buf = base + (i % 97) + rank  # a new array every operation, as a training step's tensors
+        else:
+            buf = np.add(base, (i % 97) + rank, out=reused)  # the same values, into the same memory
+        comm.all_reduce(buf)
+        want = world * (i % 97) + shift
+        if buf[0] != want or buf[-1] != base[-1] * world + want:
+            wrong += 1
+        elif i % 251 == 0:  # now and then the whole buffer
+            wrong += int(np.count_nonzero(buf != base * world + want))
+        del buf
+        done = i + 1 - warmup
+        if done >= 0 and done % every == 0:
+            ops.append(done)
+            samples.append(rss())
+    seconds = time.perf_counter() - t0
+    say(event="series", mode=mode, nbytes=nbytes, ops=ops, rss=samples, wrong=wrong, seconds=seconds)
+    comm.close()
+    say(event="closed")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rank", type=int)
+    ap.add_argument("world", type=int)
+    ap.add_argument("store")
+    ap.add_argument("iters", type=int)
+    ap.add_argument("--series", choices=("fresh", "reused"))
+    ap.add_argument("--nbytes", type=int, default=4 << 20)
+    ap.add_argument("--warmup", type=int, default=2000)
+    ap.add_argument("--every", type=int, default=500)
+    a = ap.parse_args()
+    if a.series:
+        series(a.rank, a.world, a.store, a.iters, a.series, a.nbytes, a.warmup, a.every)
+    else:
+        cycles(a.rank, a.world, a.store, a.iters)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Examples:
   linkescape bench all --sizes 4:64K --backend linkescape,gloo --json out.jsonl
   linkescape bench all_reduce --sizes 16M,64M,256M --world-size 4 --backend linkescape,gloo \\
       --rails 127.0.0.1,127.0.0.2
+  linkescape bench --memory all --json memory.jsonl     (RSS with fresh buffers against reused ones)
 \b
 Sizes follow nccl-tests: the output buffer for all_gather/gather, the input
 for reduce_scatter/scatter, the whole buffer otherwise. busbw = algbw x
@@ -94,16 +95,25 @@ DEFAULT_RAILS = "127.0.0.1"
                    "by side: idle CPU per rank, 4 B and 1 MiB all_reduce, init, store calls a second, fds per rank")
 @click.option("--idle-seconds", type=float, default=5.0, show_default=True,
               help="--scale: seconds of idleness measured per N")
+@click.option("--memory", "memory", default=None, metavar="all|quick|WORD,...",
+              help="run the memory benchmark instead: RSS with fresh buffers against reused ones, per case of the "
+                   "matrix (all), of the test's subset (quick), or the cases whose names have every WORD "
+                   "(e.g. torch,4M or async,stripe); cuts cases need root (a testbed)")
+@click.option("--memory-scale", type=float, default=1.0, show_default=True,
+              help="--memory: multiply every case's operation count")
 @click.option("-v", "--verbose", is_flag=True, help="show the ranks' own output and tracebacks")
 def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
           iters: int, warmup: int, check: bool, rails: str, json_path: Optional[str], timeout: float,
           launcher: str, store_kind: str, faults: Optional[str], scale: Optional[str], idle_seconds: float,
-          verbose: bool, **failover_opts) -> None:
+          memory: Optional[str], memory_scale: float, verbose: bool, **failover_opts) -> None:
     """Benchmark collectives like nccl-tests: OP is all_reduce (default), broadcast, reduce,
     all_gather, reduce_scatter, all_to_all, gather, scatter, send_recv, barrier, a comma list,
     or all."""
     if scale:
         _run_scale(scale, json_path, idle_seconds)
+        return
+    if memory:
+        _run_memory(memory, memory_scale, json_path, world_size)
         return
     if faults:
         # The failover benchmark runs on a testbed of network namespaces.
@@ -132,6 +142,36 @@ def _run_scale(scale: str, json_path: Optional[str], idle_seconds: float) -> Non
         run_scale(counts, json_path, echo=click.echo, idle=idle_seconds)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _run_memory(selection: str, scale: float, json_path: Optional[str], world_size: int) -> None:
+    from .memory import MemoryBenchError, matrix, quick, run_memory, select
+
+    if scale <= 0:
+        raise _usage(ValueError("--memory-scale: a positive factor"), "'--memory-scale'")
+    if selection == "all":
+        cases = matrix(scale)
+    elif selection == "quick":
+        cases = quick(0.2 * scale)
+    else:
+        cases = select(matrix(scale), selection.split(","))
+    if not cases:
+        raise _usage(ValueError(f"--memory {selection!r}: no case of the matrix has all of these words"),
+                     "'--memory'")
+    needs = {"torch"} & {c.api for c in cases}
+    if needs and importlib.util.find_spec("torch") is None:
+        raise click.UsageError("--memory: the torch cases need torch (pip install 'linkescape[torch]')")
+    command = " ".join(shlex.quote(a) for a in ["linkescape", "bench", "--memory", selection]
+                       + (["--memory-scale", f"{scale:g}"] if scale != 1.0 else [])
+                       + (["--world-size", str(world_size)] if world_size != 2 else [])
+                       + (["--json", json_path] if json_path else []))
+    try:
+        records = run_memory(cases, json_path=json_path, echo=click.echo, world=world_size, command=command)
+    except MemoryBenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    grows = [r["case"] for r in records if not r["flat"]]
+    if grows:
+        raise click.ClickException(f"{len(grows)} case(s) not flat: {', '.join(grows)}")
 
 
 def _spec(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,

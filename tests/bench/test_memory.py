@@ -1,0 +1,100 @@
+"""linkescape bench --memory: what "flat" means, that it finds a leak, and a few cases of the matrix.
+
+The whole matrix and its table: docs/benchmarks.md ("Memory"). Here: the
+verdict on made-up series (a leak, a saw tooth, allocator noise), the tool
+catching a leak put into a rank on purpose, and ``--memory quick`` (three
+cases, a few seconds each) flat against their controls."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from linkescape.bench.cli import bench
+from linkescape.bench.memory import Case, fit, judge, judge_series, matrix, quick, run_case, select, sized
+from linkescape.bench.memory.cases import KINDS, SIZES
+
+MiB = 1 << 20
+
+
+def _series(values, every=100):
+    return {"ops": [i * every for i in range(len(values))], "rss": [int(v) for v in values]}
+
+
+def test_the_fit_gives_slope_rise_and_band():
+    f = fit([0, 1000, 2000, 3000], [100 * MiB, 101 * MiB, 102 * MiB, 103 * MiB])
+    assert f["slope_per_1k"] == pytest.approx(MiB)
+    assert f["rise"] == pytest.approx(3 * MiB)
+    assert f["band"] == 3 * MiB
+    with pytest.raises(ValueError):
+        fit([0, 100], [1, 2])
+
+
+def test_flat_allows_allocator_noise_and_catches_a_leak_and_a_saw_tooth():
+    rng = np.random.default_rng(1)
+    control = [_series(200 * MiB + rng.integers(0, 2 * MiB, 21)) for _ in range(2)]
+    noisy = [_series(200 * MiB + rng.integers(0, 12 * MiB, 21)) for _ in range(2)]  # a few 4 MiB buffers cached
+    assert judge_series(noisy, control, 4 * MiB)["flat"]
+    # 14 KB kept per operation (issue 18's 4 MiB loop before the fix): 28 MiB over 2000 operations
+    leak = [_series(200 * MiB + np.arange(21) * 100 * 14_000) for _ in range(2)]
+    v = judge_series(leak, control, 4 * MiB)
+    assert not v["flat"] and v["ranks"][0]["excess_rise"] > v["allowance"]
+    # freed only by the cycle collector: climbs 80 MiB, drops, climbs again; the fitted line hardly rises
+    tooth = [_series(200 * MiB + (np.arange(21) % 4) * (80 / 3) * MiB) for _ in range(2)]
+    v = judge_series(tooth, control, 4 * MiB)
+    assert v["ranks"][0]["excess_rise"] < v["allowance"]
+    assert not v["flat"] and v["ranks"][0]["excess_band"] > v["allowance"]
+    # one rank growing is enough
+    assert not judge_series([control[0], leak[1]], control, 4 * MiB)["flat"]
+
+
+def test_the_matrix_covers_every_shape_the_issue_names():
+    cases = matrix()
+    names = [c.name for c in cases]
+    assert len(set(names)) == len(names)
+    assert {c.nbytes for c in cases if c.kind == "all_reduce"} == set(SIZES)
+    assert {c.kind for c in cases if c.api == "numpy"} == set(KINDS)
+    assert {c.kind for c in cases if c.api == "torch"} == set(KINDS)
+    assert {(c.mode, c.policy, c.condition) for c in cases} >= {
+        ("sync", "active-backup", "healthy"), ("async", "active-backup", "healthy"), ("sync", "stripe", "healthy"),
+        ("async", "stripe", "healthy"), ("sync", "active-backup", "cuts"), ("sync", "stripe", "cuts"),
+        ("async", "active-backup", "cuts"), ("async", "stripe", "cuts")}
+    assert any(c.api == "torch" and c.condition == "cuts" for c in cases)
+    for c in cases:
+        assert c.ops == 20 * c.every and c.ops % c.depth == 0 and c.warmup % c.depth == 0 and c.warmup > 0
+    assert [c.name for c in select(cases, ["torch", "4M", "async"])] == ["torch all_reduce 4M async8 active-backup healthy"]
+
+
+def test_the_tool_finds_a_leak_put_there_on_purpose():
+    """A rank that keeps every 20th input (1 MiB): 50 KB per operation, about 40 MiB over the run."""
+    case = sized(Case(nbytes=1 << 20), 0.16)
+    rec = run_case(case, keep_every=20)
+    assert rec["wrong"] == 0
+    assert not rec["flat"], rec["verdict"]
+    worst = rec["verdict"]["ranks"][rec["verdict"]["worst_rank"]]
+    assert worst["excess_rise"] > rec["verdict"]["allowance"]
+
+
+def test_quick_cases_are_flat_against_their_controls(tmp_path):
+    path = tmp_path / "memory.jsonl"
+    result = CliRunner().invoke(bench, ["--memory", "quick", "--json", str(path)], catch_exceptions=False)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert [r["case"] for r in records] == [c.name for c in quick()], result.output
+    for r in records:
+        assert r["wrong"] == 0, r["case"]
+        assert r["flat"], (r["case"], result.output)
+        for buffers in ("fresh", "reused"):
+            for s in r["runs"][buffers]["series"]:
+                assert len(s["rss"]) == 21 and s["ops"][-1] == r["ops"]
+    assert result.exit_code == 0, result.output
+    assert "| numpy all_reduce 4M async8 active-backup healthy |" in result.output
+
+
+def test_usage_errors_name_the_option():
+    result = CliRunner().invoke(bench, ["--memory", "nosuchword"])
+    assert result.exit_code == 2 and "--memory" in result.output
+    result = CliRunner().invoke(bench, ["--memory", "quick", "--memory-scale", "0"])
+    assert result.exit_code == 2 and "--memory-scale" in result.output
