@@ -12,3 +12,38 @@ def _terminate(signum, frame):
 
 
 signal.signal(signal.SIGTERM, _terminate)
+
+
+#: Tests judged against time bounds (stalls, detection, rates) or that load
+#: every core: `make test` runs them alone, after the rest has run in parallel
+#: (pytest-xdist), so no other test's CPU shows up in what they measure.
+SERIAL = (
+    "tests/chaos/",
+    "tests/bench/failover/",
+    "tests/engine/test_lossy_rail_integ.py",
+    "tests/engine/test_idle_cost_integ.py",
+    "tests/integration/test_scale_integ.py",
+)
+
+
+#: The longest of the others (1-5 minutes each): handed out first, so that the
+#: parallel run does not end with one worker still on one of them.
+LONG_FIRST = (
+    "tests/engine/test_resources_integ.py::test_fresh_4mib_buffers",
+    "tests/demo/",
+    "tests/torch/test_torch_upstream_suite.py",
+    "tests/test_wheel.py",
+    "tests/engine/test_resources_integ.py",
+    "tests/bench/test_memory.py",
+    "tests/faults/test_tool_floors.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+    items.sort(key=lambda item: next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)),
+                                     len(LONG_FIRST)))

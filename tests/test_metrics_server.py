@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -21,13 +23,14 @@ RAILS = ("127.0.0.1", "127.0.0.2")
 
 
 def free_base(n: int) -> int:
-    """A base port with ``n`` free ports after it (probed)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
-            continue
+    """A base port with ``n`` free ports after it (probed), below the kernel's ephemeral range (so no
+    outgoing connection of a test running beside this one takes it meanwhile), in a stretch of its own
+    for each pytest-xdist worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    lo = 20000 + (int(worker) % 6 if worker.isdigit() else 0) * 2000
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(lo, lo + 2000 - n)
         ok = True
         for p in range(base, base + n):
             with socket.socket() as s:
@@ -193,9 +196,15 @@ def test_port_taken_is_logged_not_raised(tmp_path, caplog):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with Communicator(FileStore(str(tmp_path / "s")), 0, 1, config=Config(metrics_port=port)) as comm:
-            assert comm._metrics is None
-            comm.barrier()
+        # the library's logger does not propagate (its own NCCL-style handler): listen on it directly
+        logger = logging.getLogger("linkescape")
+        logger.addHandler(caplog.handler)
+        try:
+            with Communicator(FileStore(str(tmp_path / "s")), 0, 1, config=Config(metrics_port=port)) as comm:
+                assert comm._metrics is None
+                comm.barrier()
+        finally:
+            logger.removeHandler(caplog.handler)
     assert "cannot serve metrics" in caplog.text
 
 

@@ -278,6 +278,18 @@ def test_zero_length_frames_ahead_are_bounded_in_count_and_applied_in_one_pass()
         r.close()
 
 
+def _post_first_collective_recv(rig, nbytes: int = 4):
+    """The receive of the job's first collective from rank 1: (the message, its buffer)."""
+    op = Op(1, "t", 1e9)
+    buf = bytearray(nbytes)
+    m = InMessage(op, 1, 1, 0, nbytes, dst=memoryview(buf))
+    op.recvs.append(m)
+    op.pending_recvs = 1
+    rig.matcher.coll_started = 1
+    rig.peer.post_recv(m)
+    return m, buf
+
+
 def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link(rig):
     """Rank 1 relays rank 2's frames to us on the link that also carries its
     own. Placing one of rank 1's frames from the stash (its receive was posted
@@ -293,13 +305,7 @@ def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link
     relay = pack_header(RELAY, 0, 0, arg=2, length=len(inner), flags=FLAG_PASSED) + inner
     assert not [o for o in rig.send(0, relay[:600]) if isinstance(o, Relayed)]
     # the receive is posted: the stashed frame is placed
-    op = Op(1, "t", 1e9)
-    buf = bytearray(4)
-    m = InMessage(op, 1, 1, 0, 4, dst=memoryview(buf))
-    op.recvs.append(m)
-    op.pending_recvs = 1
-    rig.matcher.coll_started = 1
-    rig.peer.post_recv(m)
+    m, buf = _post_first_collective_recv(rig)
     assert [o for o in rig.peer.resume() if isinstance(o, RecvDone)] == [RecvDone(m)]
     assert bytes(buf) == b"wxyz"
     # the rest of the relayed frame arrives: it is handed on whole
@@ -308,13 +314,7 @@ def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link
 
 
 def test_a_frame_for_a_posted_receive_reports_recv_done(rig):
-    op = Op(1, "t", 1e9)
-    buf = bytearray(4)
-    m = InMessage(op, 1, 1, 0, 4, dst=memoryview(buf))
-    op.recvs.append(m)
-    op.pending_recvs = 1
-    rig.matcher.coll_started = 1
-    rig.peer.post_recv(m)
+    m, buf = _post_first_collective_recv(rig)
     out = rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")
     assert [o for o in out if isinstance(o, RecvDone)] == [RecvDone(m)]
     assert bytes(buf) == b"wxyz"

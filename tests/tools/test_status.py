@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -52,6 +53,11 @@ def job(tmp_path):
     t = threading.Thread(target=lambda: out.setdefault("res", run_ranks(2, _busy, stop, cut, rails=RAILS,
                                                                         config=cfg, timeout=120)))
     t.start()
+    # Poll only once both ranks are forked: a fork while this thread is inside getaddrinfo (urllib)
+    # leaves the child with glibc's resolver lock held, and the rank hangs at its first lookup.
+    deadline = time.monotonic() + 30
+    while len(multiprocessing.active_children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     poller = Poller([Target("127.0.0.1", base), Target("127.0.0.1", base + 1)])
     deadline = time.monotonic() + 60
     while len(poller.poll()["ranks"]) < 2 and time.monotonic() < deadline:
