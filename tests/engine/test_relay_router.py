@@ -1,0 +1,61 @@
+"""Choosing the relay (issue 16, item 4): by load, never a rank that cannot
+reach us or refused lately, and several broken pairs spread over several
+ranks. The router alone, with stand-in peers and a fake clock."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from linkescape.engine.clock import FakeClock
+from linkescape.engine.relay import REFUSAL_MEMORY, RelayRouter
+from linkescape.protocol.linkstate import State
+from linkescape.protocol.railstate import RailWord
+
+
+def _peer(rank: int, load: int = 0, up: bool = True):
+    link = SimpleNamespace(rail=0)
+    return SimpleNamespace(rank=rank, lost=None, relay=None, active=[0] if up else [], links=[link],
+                           status=[SimpleNamespace(state=State.UP if up else State.DOWN)], relay_load=load)
+
+
+def _router(peers):
+    clock = FakeClock()
+    return RelayRouter(0, {p.rank: p for p in peers}, RailWord(), 4 << 20, clock), clock
+
+
+def test_the_least_loaded_rank_that_reaches_us_relays():
+    router, _ = _router([_peer(1), _peer(2, load=3), _peer(3, load=1), _peer(4, up=False), _peer(5)])
+    # rank 1 is the destination, rank 4 has no live link to us, rank 5 lost; 3 relays fewer pairs than 2
+    router.peers[5].lost = "gone"
+    path = router.choose(1)
+    assert path is not None and path.via == 3 and path.dst == 1
+    assert router.routes == {1: 3}
+
+
+def test_several_broken_pairs_spread_over_several_relays():
+    router, _ = _router([_peer(r, up=r > 3) for r in range(1, 7)])
+    # ranks 1, 2 and 3 lost their path to us; 4, 5 and 6 are healthy and relay nothing yet
+    vias = [router.choose(dst).via for dst in (1, 2, 3)]
+    assert sorted(vias) == [4, 5, 6], vias  # each pair we route through a relay counts as load on it
+    # the routes we hold are what we relay through each rank
+    assert sorted(router.relayed_through(vias[0])) == [1]
+
+
+def test_a_rank_that_refused_is_not_asked_again_for_a_while():
+    router, clock = _router([_peer(1), _peer(2), _peer(3, load=5)])
+    assert router.choose(1).via == 2
+    router.refused(1, 2)
+    assert router.choose(1).via == 3  # 2 said it cannot reach 1
+    clock.advance_ms(REFUSAL_MEMORY * 1000 + 1)
+    assert router.choose(1).via == 2  # asked again after REFUSAL_MEMORY
+
+
+def test_no_candidate_means_no_relay():
+    router, _ = _router([_peer(1), _peer(2, up=False)])
+    assert router.choose(1) is None and router.routes == {}
+
+
+def test_a_relayed_peer_never_relays():
+    router, _ = _router([_peer(1), _peer(2), _peer(3, load=9)])
+    router.peers[2].relay = object()  # we reach 2 through a relay ourselves: never a relay of a relay
+    assert router.choose(1).via == 3
