@@ -72,7 +72,10 @@ def _cross(comm, steps: int = 40):
 
 
 def test_two_ranks_with_no_common_rail_go_on_through_a_third_and_back():
-    cfg = Config(failback_holddown=0.3, timeout=60)
+    # a relay window of 256 KiB, below the 600 KB all_reduce's frames: the relay parks the source's
+    # link whenever another frame of the pair comes while one is queued, and must let it read on
+    # once that one is written (a source left parked stalls the pair until its relay times out)
+    cfg = Config(failback_holddown=0.3, timeout=60, relay_window=256 << 10)
     results = raise_first(run_ranks(4, _cross, rails=RAILS, config=cfg, timeout=240))
     for rank, (ok, _events, _snap, _after) in enumerate(results):
         assert ok, f"rank {rank} saw a wrong result"

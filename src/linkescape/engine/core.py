@@ -341,6 +341,10 @@ class Engine:
         else:
             self.env.relaying = self.relays.pairs()
             self._apply(dst, dst.flush(link))
+        self._resume_unblocked()
+
+    def _resume_unblocked(self) -> None:
+        """(relay) Sources parked on a full window read on once it opened."""
         for rank in self.relays.take_unblocked():
             p = self.peers[rank]
             self._apply(p, p.resume())
@@ -493,6 +497,10 @@ class Engine:
                 continue
             peer = peers[link.peer]
             self._apply(peer, peer.on_event(link, ev))
+        if self.relays.blocked:
+            # a relayed pair's window opened as its frames were written on (not only when
+            # another frame comes to be forwarded: there may be none while the source is parked)
+            self._resume_unblocked()
         now = self.clock.now()
         hot = self.hot
         if hot:
