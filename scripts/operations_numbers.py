@@ -76,7 +76,7 @@ def _y(v: float) -> str:
 
 # ------------------------------------------------------------------ tables
 AGREE = ["", "--coverage rail-optimized", "--coverage dual-plane", "--no-path-seconds 60", "--rails 2",
-         "--rails 2 --relay", "--rails 2 --policy stripe", "--gpus 100000"]
+         "--rails 2 --no-relay", "--rails 2 --policy stripe", "--gpus 100000"]
 
 
 def table_agree(r: Runner) -> List[str]:
@@ -104,12 +104,12 @@ def table_seeds(r: Runner) -> List[str]:
 
 def table_band(r: Runner) -> List[str]:
     rows = ["| `--coverage` | `linkescape cost --coverage X` | rates' 95 % band | with `--no-path-seconds 60` "
-            "| with `--rails 2` | with `--rails 2 --relay` |", "|---|---|---|---|---|---|"]
+            "| with `--rails 2` | with `--rails 2 --no-relay` |", "|---|---|---|---|---|---|"]
     for cov in ("rail-optimized", "dual-plane", "tor"):
         d = r.json(f"linkescape cost --coverage {cov}")
         w = r.json(f"linkescape cost --coverage {cov} --no-path-seconds 60")["yuan_saved"]
         two = r.json(f"linkescape cost --coverage {cov} --rails 2")["yuan_saved"]
-        relay = r.json(f"linkescape cost --coverage {cov} --rails 2 --relay")["yuan_saved"]
+        relay = r.json(f"linkescape cost --coverage {cov} --rails 2 --no-relay")["yuan_saved"]
         rb = d["rate_band"]
         rows.append(f"| {cov} | {_y(d['yuan_saved'])} | {_y(rb['lo'])} to {_y(rb['hi'])} | {_y(w)} | {_y(two)} "
                     f"| {_y(relay)} |")

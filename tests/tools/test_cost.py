@@ -101,7 +101,7 @@ def test_the_rates_uncertainty_is_carried_through():
 
 
 def test_the_policies_as_built():
-    p = SimParams(rails=2, coverage="rail-optimized", drain=False, no_path_s=0)
+    p = SimParams(rails=2, coverage="rail-optimized", drain=False, no_path_s=0, relay=False)
     ab = closed_form(p)["escape"]
     stripe = closed_form(replace(p, policy="stripe", stripe_fault_rate=0.5))["escape"]
     assert ab["degraded_hours"] == 0  # active-backup at its measured 1.00x: nothing slower

@@ -102,7 +102,7 @@ def test_the_no_path_wait():
 
 def test_a_cross_fault_with_and_without_relay():
     # host 0 loses rail 0 at 10 h, host 1 rail 1 at 11 h (both for 8 h): no rail in common.
-    ab = replace(TWO, policy="active-backup")
+    ab = replace(TWO, policy="active-backup", relay=False)
     faults = [Fault(10.0, 0, "cable", 0, 8.0), Fault(11.0, 1, "cable", 1, 8.0)]
     r = play(ab, faults, True)
     # without relay: an interruption at 11 h, 3 h since the checkpoint at 8 h lost, back at 12 h

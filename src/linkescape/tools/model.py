@@ -9,8 +9,8 @@ docs/operations.md cites every default; the short form is here, beside the numbe
   1.7 % "faulty network interface card" (7 events); "higher than 90 % effective
   training time". One NIC per GPU, 8 GPUs per host (our reading of section 3.3.1).
 - Policy rates: docs/failover.md (measured here): active-backup runs at 1.00x (0.95-1.05x)
-  during a fault; stripe at 0.92-0.99x of its healthy rate. The relay's 0.5x is issue 16's
-  floor, a target until measured.
+  during a fault; stripe at 0.92-0.99x of its healthy rate; a relayed pair (a cross fault) 0.57x,
+  the lowest of the relayed phase's table (4 hosts, active-backup; 0.74-1.11x elsewhere).
 - Escape stall: docs/failover.md, a blackhole's fault to 90 % throughput on the other rail.
 - No-path wait: ``LINKESCAPE_NO_PATH_TIMEOUT`` (README), 1800 s.
 - Checkpoint interval: Young (1974) / Daly (2006), tau = sqrt(2 delta MTBF).
@@ -45,8 +45,10 @@ ESCAPE_STALL_MS = 210.8
 AB_FAULT_RATE = 1.0
 #: docs/failover.md, issue 12's table: stripe during a fault 0.92-0.99x of its healthy rate (lowest)
 STRIPE_FAULT_RATE = 0.92
-#: issue 16's floor for a relayed pair: a target until the relay is measured
-RELAY_RATE = 0.5
+#: docs/failover.md, "The relayed phase": the job's rate while a pair of hosts with no rail in common
+#: goes on through a third, the lowest of the table (4 hosts, active-backup 0.57x; stripe 0.74x;
+#: 8 hosts 0.98-1.11x)
+RELAY_RATE = 0.57
 #: README: LINKESCAPE_NO_PATH_TIMEOUT
 NO_PATH_S = 1800.0
 
@@ -134,7 +136,7 @@ class SimParams:
     comm_share: float = 0.3
     escape_stall_ms: float = ESCAPE_STALL_MS
     no_path_s: float = NO_PATH_S
-    relay: bool = False
+    relay: bool = True  # the library relays a pair with no common rail (issue 16)
     relay_rate: float = RELAY_RATE
     #: swap a degraded host at the next checkpoint when running degraded would cost more
     drain: bool = True

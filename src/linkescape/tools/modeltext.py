@@ -24,7 +24,8 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
            if p.policy == "active-backup" else
            f"stripe: every rail while healthy, {p.stripe_fault_rate:.2f}x of that during a fault (measured)")
     wait = f"no path: wait {p.no_path_s:g} s (LINKESCAPE_NO_PATH_TIMEOUT), then fail"
-    relay = f"relay on at {p.relay_rate:.2f}x (a target, not measured)" if p.relay else "relay off"
+    relay = (f"relay on: a cross runs at {p.relay_rate:.2f}x (measured, docs/failover.md)" if p.relay
+             else "relay off: a cross waits for a repair")
     ck = ("Young/Daly sqrt(2 x write x MTBF " f"{p.mtbf_hours():.2f} h)" if p.checkpoint_hours is None else
           f"Young/Daly for the log's MTBF {log['mtbf_hours']:.2f} h" if log and log.get("mtbf_hours") else "given")
     fabric = ("the log says what each fault took (--coverage does not apply)" if log else
