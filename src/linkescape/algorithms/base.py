@@ -23,6 +23,14 @@ def byte_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))
 
 
+def pow2_below(n: int) -> int:
+    """The largest power of two <= n (the ranks of recursive doubling and halving)."""
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
 def blocks(count: int, parts: int) -> List[tuple]:
     """Split ``count`` elements into ``parts`` contiguous (start, stop) blocks."""
     return [(i * count // parts, (i + 1) * count // parts) for i in range(parts)]

@@ -22,14 +22,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from .base import Schedule, byte_view, reduce_into
-
-
-def _pow2_below(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+from .base import Schedule, byte_view, pow2_below
 
 
 def _regions(count: int, r: int, p2: int) -> List[Tuple[int, int, int, int, int]]:
@@ -53,7 +46,7 @@ def _regions(count: int, r: int, p2: int) -> List[Tuple[int, int, int, int, int]
 
 def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     n, r = s.world_size, s.rank
-    p2 = _pow2_below(n)
+    p2 = pow2_below(n)
     extra = n - p2
     nbytes = flat.nbytes
     isz = flat.dtype.itemsize
@@ -72,7 +65,7 @@ def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     # Receives complete in any order (their partners differ); what they bring
     # is combined strictly in step order, so the sums' order is fixed.
     parts = [np.empty(khi - klo, flat.dtype) for _p, klo, khi, _g, _h in steps]
-    fold_in = flat.copy() if r < extra else None
+    fold_in = np.empty_like(flat) if r < extra else None  # the folded rank's value lands here
     st = {"combined": -1 if fold_in is not None else 0, "gathered": 0}
     arrived = [False] * h
     gathered = [False] * h
@@ -125,18 +118,15 @@ def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
 
     if fold is not None:
         fold.on_frame = on_fold
+    def whole(flags: list, k: int, m) -> None:
+        def on_frame(received: int) -> None:
+            if received == m.nbytes:
+                flags[k] = True
+                advance()
+        m.on_frame = on_frame
+
     for k, m in enumerate(rcvs):
-        def on_part(received, k=k, m=m):
-            if received == m.nbytes:
-                arrived[k] = True
-                advance()
-        m.on_frame = on_part
+        whole(arrived, k, m)
     for j, m in enumerate(ag_rcvs):
-        def on_gather(received, j=j, m=m):
-            if received == m.nbytes:
-                gathered[j] = True
-                advance()
-        m.on_frame = on_gather
-    if h == 0 and back is not None:
-        pass  # p2 == 1 cannot happen with n >= 2 ranks
+        whole(gathered, j, m)
     advance()

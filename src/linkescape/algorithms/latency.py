@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Schedule, byte_view, gloo_blocks
-
-
-def _pow2_below(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+from .base import Schedule, byte_view, gloo_blocks, pow2_below
 
 
 def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     """Recursive doubling; ranks beyond the largest power of two fold in first."""
     n, r = s.world_size, s.rank
-    p2 = _pow2_below(n)
+    p2 = pow2_below(n)
     extra = n - p2
     nbytes = flat.nbytes
     acc = flat  # reduced in place
