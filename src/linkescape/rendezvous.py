@@ -328,8 +328,9 @@ class LinkSetup:
         try:
             while todo or live or waiting or (acc is not None and len(self.accepted) < expected_in):
                 now = time.monotonic()
-                if now > deadline:
-                    return  # (what is missing is named by the caller)
+                if now > deadline and not (todo or live or waiting):
+                    return  # only accepts were left: the caller names the ranks that never connected
+                # (a dial past the deadline fails below and _dial_failed raises, naming its peer)
                 for key in [k for k in waiting if retry_at[k] <= now]:
                     waiting.remove(key)
                     todo.append(key)
