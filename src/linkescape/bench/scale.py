@@ -311,18 +311,14 @@ def run_scale(sizes: List[int], json_path: Optional[str], echo: Callable[[str], 
          f"{os.cpu_count()} CPUs, idle {idle:g}s, {rounds} rounds)")
     echo(header())
     rows = []
-    out = open(json_path, "w") if json_path else None
-    try:
-        for n in sizes:
-            row = run_one(n, idle=idle, rounds=rounds)
-            rows.append(row)
-            echo(format_row(row))
-            if out is not None:
-                out.write(jsonl.encode(row))
-                out.flush()
-    finally:
-        if out is not None:
-            out.close()
+    if json_path:
+        open(json_path, "w").close()  # a fresh file; each row is appended as its N ends
+    for n in sizes:
+        row = run_one(n, idle=idle, rounds=rounds)
+        rows.append(row)
+        echo(format_row(row))
+        if json_path:
+            jsonl.append(json_path, row)
     return rows
 
 

@@ -167,7 +167,8 @@ def run_memory(cases: Sequence[Case], *, json_path: Optional[str] = None, echo: 
     """Run ``cases``, print the table (a row as each case ends), write JSON lines; returns the records."""
     for line in header_lines(command, world):
         echo(line)
-    out = open(json_path, "w") if json_path else None
+    if json_path:
+        open(json_path, "w").close()  # a fresh file; each record is appended as its case ends
     tb = None
     records: List[Dict[str, Any]] = []
     try:
@@ -179,12 +180,9 @@ def run_memory(cases: Sequence[Case], *, json_path: Optional[str] = None, echo: 
             rec = run_case(case, world=world, tb=tb, keep_every=keep_every, env=env)
             records.append(rec)
             echo(table_line(row(rec)))
-            if out is not None:
-                out.write(jsonl.encode(rec))
-                out.flush()
+            if json_path:
+                jsonl.append(json_path, rec)
     finally:
-        if out is not None:
-            out.close()
         if tb is not None:
             from ...testbed.netns import release
 
