@@ -236,6 +236,75 @@ def test_a_relay_that_carries_nothing_from_the_peer_for_a_second_is_left():
         r.close()
 
 
+def _relayed_frames(sock) -> list:
+    """The (outer kind, inner header) pairs a relay's end of a socket pair holds."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    out, pos = [], 0
+    while pos + HEADER_SIZE <= len(data):
+        outer = unpack_header(data[pos:pos + HEADER_SIZE])
+        inner = unpack_header(data[pos + HEADER_SIZE:pos + 2 * HEADER_SIZE]) if outer.kind == RELAY else None
+        out.append((outer.kind, inner))
+        pos += HEADER_SIZE + outer.length
+    return out
+
+
+def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stands_still():
+    """The relay lost our frames and the notice of it (RELAY_RESET) was lost
+    too: the peer's relayed heartbeats keep carrying its cumulative ack, and
+    once it has not moved for RELAY_RTO with nothing left in our sockets,
+    everything unacknowledged goes again (then the wait doubles); an ack
+    that covers it all ends the resending. (A relayed pair stalled 8.5 s
+    in the chaos soak until its path changed.)"""
+    from linkescape.engine.relay import RELAY_RTO
+
+    r = Rig(nrails=1)
+    a, b = socket.socketpair()
+    try:
+        b.setblocking(False)
+        via = PeerChannel(2, r.env)
+        r.peers[2] = via
+        via.open_link(Link(a, 2, 0, 1, r.clock.now()))
+        r.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
+        r.peer.use_relay(r.relays.choose(1))
+        r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+        op = Op(1, "t", 1e9)
+        r.peer.post_send(OutMessage(op, 1, 1, 0, memoryview(b"0123456789")))
+        r.peer.pump()
+        sent = [inner.seq for kind, inner in _relayed_frames(b) if inner is not None and inner.kind == DATA]
+        assert sent == [1]  # ... and the relay lost it
+        step = int(RELAY_RTO * 1000) // 4
+        resent_at = []
+        for i in range(1, 25):  # 1.2 s in virtual time, the peer's heartbeats acking nothing
+            r.clock.advance_ms(step)
+            r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+            r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+            if [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA and f[1].seq == 1]:
+                resent_at.append(i * step)
+        # sent again after 0.2 s, then after 0.4 s more, then 0.8 s more (outside this window)
+        assert resent_at == [200, 600], resent_at
+        assert r.peer.relay.resent == 2
+        # the peer has it at last: nothing more is sent again
+        r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 1)))
+        assert r.peer.outbound.unacked_bytes == 0
+        for _ in range(20):
+            r.clock.advance_ms(step)
+            r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+        assert not [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA]
+        assert r.peer.relay.resent == 2
+    finally:
+        a.close()
+        b.close()
+        r.close()
+
+
 def test_a_hostile_unexpected_p2p_header_allocates_nothing_past_the_bound(rig):
     # one header announcing a 4 GiB point-to-point message nobody posted
     out = rig.send(0, pack_header(DATA, 1, 0, msg=P2P_FLAG | 7, offset=0, length=1024, arg=(1 << 32) - 1))

@@ -33,6 +33,7 @@ from .link import Link, is_disconnect
 from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack,
                        Redial, RelayReset, Unreachable)
 from .receiver import Receiver, Unexpected
+from .relay import RELAY_RTO
 from .sender import Sender
 
 log = logging.getLogger("linkescape.engine")
@@ -695,7 +696,23 @@ class PeerChannel:
         if now - relay.last_sent >= hb:
             self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
             relay.last_sent = now
-        return min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
+        due = min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
+        out = self.outbound
+        if not out.unacked or out.acked != relay.acked or any(l.out for l in self.sender.links()):
+            relay.acked = out.acked
+            relay.progress_at = now
+            relay.rto = RELAY_RTO
+        elif now + 1e-9 >= relay.progress_at + relay.rto:  # (a timer due then may wake a float hair early)
+            log.info("rank %d via %d: nothing acknowledged for %.3fs with %d frames out: sending them again",
+                     self.rank, relay.via, now - relay.progress_at, len(out.unacked))
+            relay.progress_at = now
+            relay.rto = min(2 * relay.rto, RELAY_SILENT)
+            relay.resent += 1
+            self.sender.replay = True
+            self.sender.pump()
+        if out.unacked:
+            due = min(due, relay.progress_at + relay.rto)
+        return due
 
     def _tcp_summary(self, link: Link) -> str:
         try:

@@ -25,6 +25,10 @@ End to end, each side of a relayed pair sends a relayed heartbeat every
 heartbeat interval; a relay that carried nothing from the peer for
 ``RELAY_SILENT`` seconds is abandoned (another C is chosen, or the pair
 waits), so a relay never hides a dead peer nor makes a live one look lost.
+Those heartbeats carry the pair's cumulative ack: a source whose peer's
+ack has not moved for ``RELAY_RTO`` while frames of its wait for it (and
+none is left in its own sockets) sends them all again, so a frame lost at
+C is found even when the RELAY_RESET that should have said so was lost too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ from ..protocol.frames import FLAG_PASSED, HEADER_SIZE, RELAY, RELAY_RESET, RELA
 from ..protocol.linkstate import State
 from .link import Link, WireItem
 
+#: a relayed pair whose peer acknowledged nothing new for this long, while frames of ours wait for
+#: acknowledgement and none is left in our sockets, sends them all again (the wait doubling, up to 1 s):
+#: a frame lost at the relay (a link of it that failed, a notice of that which was lost too) is
+#: found from the peer's cumulative ack, level state that every relayed heartbeat repeats
+RELAY_RTO = 0.2
 #: seconds a rank that refused to relay to a peer is not asked again
 REFUSAL_MEMORY = 2.0
 
@@ -55,6 +64,12 @@ class RelayPath:
         self.last_sent = now
         #: a frame of ``dst``'s came back through a relay: the path works
         self.confirmed = False
+        #: the retransmission timer (PeerChannel._relay_tick): the peer's ack as last seen, since
+        #: when it has not moved, the current timeout, and how many times everything was sent again
+        self.acked = 0
+        self.progress_at = now
+        self.rto = RELAY_RTO
+        self.resent = 0
 
     def links(self) -> List[Link]:
         via = self.via_peer
