@@ -15,12 +15,27 @@ import numpy as np
 
 from .errors import UnsupportedDtype
 
-try:
-    import ml_dtypes
+_BFLOAT16 = []
 
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency
-    BFLOAT16 = None
+
+def bfloat16():
+    """numpy's bfloat16 dtype (``ml_dtypes``), or None without it. Imported
+    on first use, not with linkescape: importing ml_dtypes costs ~1.2 s of
+    CPU, which every rank process of a numpy-only job paid at start."""
+    if not _BFLOAT16:
+        try:
+            import ml_dtypes
+
+            _BFLOAT16.append(np.dtype(ml_dtypes.bfloat16))
+        except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+            _BFLOAT16.append(None)
+    return _BFLOAT16[0]
+
+
+def __getattr__(name: str):
+    if name == "BFLOAT16":  # (the name it had when it was imported eagerly)
+        return bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ReduceOp(enum.Enum):
@@ -49,7 +64,8 @@ Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def is_half(dtype: np.dtype) -> bool:
-    return dtype == np.float16 or (BFLOAT16 is not None and dtype == BFLOAT16)
+    # an array of bfloat16 exists only where ml_dtypes was imported already: its name says it
+    return dtype == np.float16 or (dtype.kind == "V" and dtype.name == "bfloat16" and dtype == bfloat16())
 
 
 def supported_dtype(dtype: np.dtype) -> bool:
@@ -140,4 +156,4 @@ def signature_dtype(dtype: np.dtype) -> str:
     return "bfloat16" if is_half(dtype) and dtype != np.float16 else dtype.str
 
 
-__all__ = ["ReduceOp", "reducer", "check_op", "finish_avg", "BFLOAT16", "is_half"]
+__all__ = ["ReduceOp", "reducer", "check_op", "finish_avg", "bfloat16", "is_half"]

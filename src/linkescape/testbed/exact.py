@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..ops import BFLOAT16, ReduceOp
+from ..ops import ReduceOp, bfloat16
 
 #: kinds whose input is one chunk per rank, shape (world, count)
 PER_RANK_INPUT = ("reduce_scatter", "all_to_all", "scatter")
@@ -34,9 +34,10 @@ Inputs = Callable[[int], np.ndarray]  # rank -> that rank's input as int64, in i
 def dtype_of(name) -> np.dtype:
     """A dtype by name, bfloat16 included (``ml_dtypes``)."""
     if str(name) == "bfloat16":
-        if BFLOAT16 is None:  # pragma: no cover - ml_dtypes is a dependency
+        dt = bfloat16()
+        if dt is None:  # pragma: no cover - ml_dtypes is a dependency
             raise RuntimeError("bfloat16 needs ml_dtypes")
-        return BFLOAT16
+        return dt
     return np.dtype(name)
 
 
@@ -49,7 +50,7 @@ def ints(key: Sequence[int], shape, *, unsigned: bool = False) -> np.ndarray:
 def cast(values: np.ndarray, dtype) -> np.ndarray:
     """``values`` (small integers) in ``dtype``; exact in every dtype."""
     dt = dtype_of(dtype)
-    if dt == BFLOAT16:
+    if dt.name == "bfloat16":
         return values.astype(np.float32).astype(dt)
     return values.astype(dt)
 

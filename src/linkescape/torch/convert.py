@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UnsupportedDtype, UsageError
-from ..ops import BFLOAT16, ReduceOp
+from ..ops import ReduceOp, bfloat16
 
 _RED = dist.ReduceOp.RedOpType
 _REDUCE_OPS = {
@@ -74,7 +74,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     """Zero-copy numpy view of a contiguous CPU tensor."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.view(torch.int16).numpy().view(bfloat16())
     check_dtype(t)
     return t.numpy()
 
