@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import auth
 from .config import Config
 from .errors import AuthError, ConfigError, HandshakeError, RailMismatch, RendezvousError
+from .health.carrier import address_for_ifname, ifname_for_address
 from .protocol.handshake import LinkAuth
 from .transport import tcp
 from .transport.acceptor import Acceptor
@@ -60,8 +61,6 @@ def _is_ip(text: str) -> bool:
 
 def resolve_rails(rails: Optional[Sequence[str]], store=None) -> Tuple[List[str], List[Optional[str]]]:
     """Rails as (local IPv4 addresses, interface names or None)."""
-    from .health.carrier import address_for_ifname, ifname_for_address
-
     if not rails:
         host = _store_host(store)
         addr = tcp.route_source(host) if host else "127.0.0.1"
