@@ -91,13 +91,20 @@ def torchrun(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str,
              timeout: float = 60.0, cwd: Optional[str] = None, launcher_args: Sequence[str] = ()) -> RankResult:
     """Run a script under the real ``torchrun`` (one result for the launcher);
     ``launcher_args`` go to torchrun itself (``--max-restarts=1``)."""
+    return _collect([torchrun_popen(script_argv, nprocs, env=env, cwd=cwd, launcher_args=launcher_args)],
+                    timeout)[0]
+
+
+def torchrun_popen(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = None,
+                   cwd: Optional[str] = None, launcher_args: Sequence[str] = ()) -> subprocess.Popen:
+    """``torchrun`` started (its output in pipes, in a session of its own), for a caller that reads
+    its output as it comes."""
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
     cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
             *launcher_args, *script_argv]
-    p = subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    return _collect([p], timeout)[0]
+    return subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
 
 
 def failures(results: Sequence[RankResult], expect_rc: Optional[Dict[int, int]] = None) -> str:
@@ -123,4 +130,4 @@ def launch_ok(argv: Sequence[str], nprocs: int, *, ok: str = "ok", **kwargs) -> 
     return res
 
 
-__all__ = ["launch", "launch_ok", "torchrun", "failures", "free_port", "RankResult", "BAD_EXIT_MARKERS"]
+__all__ = ["launch", "launch_ok", "torchrun", "torchrun_popen", "failures", "free_port", "RankResult", "BAD_EXIT_MARKERS"]
