@@ -92,6 +92,16 @@ def main() -> None:
     failovers = sum(1 for p in snap["peers"].values() for l in p["links"] if l["failures"])
     say(event="end", rank=rank, wrong=wrong, iters=i, links_failed=failovers)
     comm.close()
+    # Rank 0 holds the store's server: it goes last (the others may still be closing through it; a
+    # server torn down under a client's request once ended rank 0 in std::terminate), and every rank
+    # leaves without the store's C++ destructor, as torchrun's agent outlives its workers.
+    store.add("closed", 1)
+    deadline = time.monotonic() + 120
+    while rank == 0 and int(store.add("closed", 0)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
