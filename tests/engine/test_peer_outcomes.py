@@ -24,6 +24,20 @@ from linkescape.protocol.linkstate import PathPolicy
 from linkescape.protocol.railstate import RailWord
 
 
+def _drain(sock) -> bytes:
+    """All a non-blocking socket holds now."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class Kernel:
     """What the kernel says of a socket's acknowledgements (TCP_INFO), as a test sets it."""
 
@@ -67,16 +81,17 @@ class Rig:
         self.remote[rail].sendall(b"".join(frames))
         return list(self.peer.on_event(self.links[rail], POLLIN))
 
+    def relay_through(self, sock) -> None:
+        """Rank 2 (its link: ``sock``) carries our frames for rank 1, whose one rail is gone."""
+        via = PeerChannel(2, self.env)
+        self.peers[2] = via
+        via.open_link(Link(sock, 2, 0, 1, self.clock.now()))
+        self.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
+        self.peer.use_relay(self.relays.choose(1))
+        self.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+
     def frames_at_remote(self, rail: int) -> list:
-        data = b""
-        while True:
-            try:
-                chunk = self.remote[rail].recv(1 << 20)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            data += chunk
+        data = _drain(self.remote[rail])
         out, pos = [], 0
         while pos + HEADER_SIZE <= len(data):
             h = unpack_header(data[pos:pos + HEADER_SIZE])
@@ -217,12 +232,7 @@ def test_a_relay_that_carries_nothing_from_the_peer_for_a_second_is_left():
     r = Rig(nrails=1)
     try:
         a, b = socket.socketpair()
-        via = PeerChannel(2, r.env)
-        r.peers[2] = via
-        via.open_link(Link(a, 2, 0, 1, r.clock.now()))
-        r.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
-        r.peer.use_relay(r.relays.choose(1))
-        r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+        r.relay_through(a)
         r.clock.advance_ms(900)
         _, out = r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
         assert not any(e[0] == "relay_off" for e in events(out))
@@ -238,15 +248,7 @@ def test_a_relay_that_carries_nothing_from_the_peer_for_a_second_is_left():
 
 def _relayed_frames(sock) -> list:
     """The (outer kind, inner header) pairs a relay's end of a socket pair holds."""
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(1 << 20)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        data += chunk
+    data = _drain(sock)
     out, pos = [], 0
     while pos + HEADER_SIZE <= len(data):
         outer = unpack_header(data[pos:pos + HEADER_SIZE])
@@ -269,12 +271,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
     a, b = socket.socketpair()
     try:
         b.setblocking(False)
-        via = PeerChannel(2, r.env)
-        r.peers[2] = via
-        via.open_link(Link(a, 2, 0, 1, r.clock.now()))
-        r.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
-        r.peer.use_relay(r.relays.choose(1))
-        r.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
+        r.relay_through(a)
         op = Op(1, "t", 1e9)
         r.peer.post_send(OutMessage(op, 1, 1, 0, memoryview(b"0123456789")))
         r.peer.pump()
