@@ -302,6 +302,29 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
         r.close()
 
 
+def test_a_relayed_peer_that_says_nothing_is_not_sent_frames_again():
+    """Its ack stands still but no heartbeat of its came through the relay
+    either: it is starved or gone (the relay's silence judges that), and
+    sending the window again would only load the relay."""
+    r = Rig(nrails=1)
+    a, b = socket.socketpair()
+    try:
+        b.setblocking(False)
+        r.relay_through(a)
+        r.peer.post_send(OutMessage(Op(1, "t", 1e9), 1, 1, 0, memoryview(b"0123456789")))
+        r.peer.pump()
+        _relayed_frames(b)
+        for _ in range(18):  # 0.9 s, short of the relay's silence
+            r.clock.advance_ms(50)
+            r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
+        assert not [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA]
+        assert r.peer.relay is not None and r.peer.relay.resent == 0
+    finally:
+        a.close()
+        b.close()
+        r.close()
+
+
 def test_a_hostile_unexpected_p2p_header_allocates_nothing_past_the_bound(rig):
     # one header announcing a 4 GiB point-to-point message nobody posted
     out = rig.send(0, pack_header(DATA, 1, 0, msg=P2P_FLAG | 7, offset=0, length=1024, arg=(1 << 32) - 1))

@@ -702,7 +702,10 @@ class PeerChannel:
             relay.acked = out.acked
             relay.progress_at = now
             relay.rto = RELAY_RTO
-        elif now + 1e-9 >= relay.progress_at + relay.rto:  # (a timer due then may wake a float hair early)
+        elif now + 1e-9 >= relay.progress_at + relay.rto and self.relay_heard > relay.progress_at:
+            # (the peer spoke through the relay since, and its ack did not move: our frames were lost;
+            # a peer that says nothing is starved or gone, and sending again would only add load.
+            # A timer due then may wake a float hair early.)
             log.info("rank %d via %d: nothing acknowledged for %.3fs with %d frames out: sending them again",
                      self.rank, relay.via, now - relay.progress_at, len(out.unacked))
             relay.progress_at = now

@@ -27,8 +27,9 @@ heartbeat interval; a relay that carried nothing from the peer for
 waits), so a relay never hides a dead peer nor makes a live one look lost.
 Those heartbeats carry the pair's cumulative ack: a source whose peer's
 ack has not moved for ``RELAY_RTO`` while frames of its wait for it (and
-none is left in its own sockets) sends them all again, so a frame lost at
-C is found even when the RELAY_RESET that should have said so was lost too.
+none is left in its own sockets), and that heard from the peer meanwhile,
+sends them all again, so a frame lost at C is found even when the
+RELAY_RESET that should have said so was lost too.
 """
 
 from __future__ import annotations
