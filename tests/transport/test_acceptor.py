@@ -353,3 +353,27 @@ def test_a_dial_outlasts_a_flood_of_stalled_connections_from_its_own_host(harnes
     assert hs.state == "established" and len(h.wait_links(1)) == 1
     for s in stalled + [real]:
         s.close()
+
+
+def test_a_dial_gives_up_a_silent_connect_soon_and_an_answered_handshake_late():
+    """Recovery's dials: the TCP connect alone has ``connect_by`` (a SYN that
+    vanished on a black-holed path), a peer that answered has until the
+    whole deadline (a loaded acceptor answered after 0.5 s, the dialer had
+    closed a link the acceptor kept, and the backups of a 64-rank job churned
+    thousands of times)."""
+    slow = socket.socket()  # a listener that never runs the handshake: the kernel completes the connect
+    slow.bind(("127.0.0.1", 0))
+    slow.listen(4)
+    try:
+        now = time.monotonic()
+        hs = LinkAuth(KEY, JOB, 1, 3, 1).dialer(0, 0, 2, 1, now + 5.0)
+        dial = tcp.Dial("127.0.0.1", slow.getsockname(), hs, Config(), now + 5.0, connect_by=now + 0.05)
+        try:
+            assert not dial.step(now + 1.0)  # connected: waiting for the handshake, past connect_by
+            assert dial.connected and dial.due == dial.deadline
+            with pytest.raises(socket.timeout):
+                dial.step(now + 5.1)
+        finally:
+            dial.close()
+    finally:
+        slow.close()

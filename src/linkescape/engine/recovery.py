@@ -208,7 +208,7 @@ class Recovery:
             if rail not in self.local_down and (peer, rail) not in self.dialing:
                 due = next_probe if due is None else min(due, next_probe)
         for _key, dial in self._dials.values():
-            due = dial.deadline if due is None else min(due, dial.deadline)
+            due = dial.due if due is None else min(due, dial.due)
         for probe in self._probes.values():
             due = probe.deadline if due is None else min(due, probe.deadline)
         for peer in self.engine.probes_wanted():
@@ -228,12 +228,17 @@ class Recovery:
                 continue
             epoch = self.epochs.get(key, 1) + 1
             self.epochs[key] = epoch
-            # Short: on a black-holed path the SYN just vanishes; the back-off brings the next try.
-            deadline = now + min(0.5, self.config.reconnect_max + 0.25)
+            # The connect is short: on a black-holed path the SYN just vanishes; the back-off brings
+            # the next try. A peer that answered gets the acceptor's own time for the handshake: a
+            # loaded peer (64 ranks on 2 cores) took longer than 0.5 s, the dialer gave up on links
+            # the acceptor had just kept, and the backups churned without end.
+            connect_by = now + min(0.5, self.config.reconnect_max + 0.25)
+            deadline = max(connect_by, now + self.config.handshake_timeout)
             self.dialing.add(key)
             try:
                 handshake = self.auth.dialer(peer, rail, epoch, self.engine.expected_from(peer), deadline)
-                dial = tcp.Dial(self.rail_addrs[rail], self.peer_addrs[peer][rail], handshake, self.config, deadline)
+                dial = tcp.Dial(self.rail_addrs[rail], self.peer_addrs[peer][rail], handshake, self.config, deadline,
+                                connect_by=connect_by)
             except (OSError, HandshakeError) as exc:
                 self._dial_failed(key, exc)
                 continue
@@ -245,7 +250,7 @@ class Recovery:
     def _advance_dials(self, ready: dict, now: float) -> None:
         for fd in list(self._dials):
             key, dial = self._dials[fd]
-            if fd not in ready and now <= dial.deadline:
+            if fd not in ready and now <= dial.due:
                 continue
             try:
                 done = dial.step(now)

@@ -145,9 +145,12 @@ class Dial:
     does; :meth:`close` drops a dial that will not finish."""
 
     def __init__(self, local: str, remote: Tuple[str, int], handshake: DialerHandshake, config: Config,
-                 deadline: float) -> None:
+                 deadline: float, connect_by: Optional[float] = None) -> None:
         self.handshake = handshake
+        #: the whole dial fails past this; the TCP connection alone past ``connect_by`` (a SYN that
+        #: vanished on a black-holed path is given up soon, a peer that answered is given time)
         self.deadline = deadline
+        self.connect_by = deadline if connect_by is None else min(connect_by, deadline)
         self.connected = False
         self.established: Optional[Established] = None
         self._out = b""
@@ -199,6 +202,8 @@ class Dial:
             raise socket.timeout("dial timed out")
         hs = self.handshake
         if not self.connected:
+            if now > self.connect_by:
+                raise socket.timeout("connect timed out")
             err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
@@ -228,6 +233,11 @@ class Dial:
             event = hs.receive_data(chunk, now)
             if isinstance(event, Established):
                 self.established = event
+
+    @property
+    def due(self) -> float:
+        """When :meth:`step` must run even if the socket stays quiet."""
+        return self.deadline if self.connected else self.connect_by
 
     def close(self) -> None:
         self.sock.close()
