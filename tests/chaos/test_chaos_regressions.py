@@ -59,3 +59,10 @@ def test_every_peer_notices_an_isolated_host_within_the_silent_timeout(tmp_path)
             for v in s["peer_s"].values() if v is not None and v > silent]
     assert not late, text
     assert rep["exit_code"] == 0, text
+
+
+def test_a_pair_that_lost_its_path_soon_after_refusals_is_relayed_at_once(tmp_path):
+    rep, text = _replay("relay_after_refusals.json", tmp_path)
+    setup = rep["relays"]["cross_setup"]
+    assert setup["n"] == 1 and setup["missed"] == 0, text  # the cross was relayed
+    assert rep["exit_code"] == 0, text  # no step after the no-path stretch stalled beyond its bound

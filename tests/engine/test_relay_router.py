@@ -50,6 +50,28 @@ def test_a_rank_that_refused_is_not_asked_again_for_a_while():
     assert router.choose(1).via == 2  # asked again after REFUSAL_MEMORY
 
 
+def test_a_rank_that_just_passed_the_peers_frame_on_is_taken_at_once_whatever_it_said_before():
+    router, clock = _router([_peer(1), _peer(2, load=5), _peer(3), _peer(4, up=False)])
+    router.refused(1, 2)
+    router.refused(1, 3)
+    assert router.choose(1) is None  # every rank that reaches us refused 1 a moment ago
+    # 2 passes a frame of 1's on to us: it reaches 1 now; it is taken although it refused and is loaded
+    path = router.choose(1, through=2)
+    assert path is not None and path.via == 2 and router.routes == {1: 2}
+    assert (1, 2) not in router.refusals
+    # a rank we cannot reach ourselves is never taken, even when it passed a frame on
+    router.routes.clear()
+    clock.advance_ms(REFUSAL_MEMORY * 1000 + 1)
+    assert router.choose(1, through=4).via in (2, 3)
+
+
+def test_a_refusal_is_forgotten_by_the_next_search():
+    from linkescape.engine.core import RELAY_RETRY
+
+    # a refusal says what the rank reached then: the next search (RELAY_RETRY later) asks it again
+    assert REFUSAL_MEMORY <= RELAY_RETRY
+
+
 def test_no_candidate_means_no_relay():
     router, _ = _router([_peer(1), _peer(2, up=False)])
     assert router.choose(1) is None and router.routes == {}

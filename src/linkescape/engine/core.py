@@ -295,6 +295,9 @@ class Engine:
                 src = self.peers.get(o.src)
                 if src is not None:
                     self._apply(src, src.on_relayed(o.frame))
+                    if src.relay is None and src.no_path_since is not None:
+                        # it reached us through this peer: our frames can go back the same way
+                        self._find_relay(src, through=peer.rank)
             elif t is Unreachable:
                 self._unreachable(peer, o.dst)
             elif t is RelayReset:
@@ -323,12 +326,12 @@ class Engine:
             self.relays.ended(peer.rank, peer.relay)
         self._find_relay(peer)
 
-    def _find_relay(self, peer: PeerChannel) -> None:
+    def _find_relay(self, peer: PeerChannel, through: Optional[int] = None) -> None:
         if peer.lost is not None or self.closed or peer.relay is not None or peer.active:
             self._relay_search.pop(peer, None)
             return
         self._relay_search[peer] = self.clock.now()
-        path = self.relays.choose(peer.rank)
+        path = self.relays.choose(peer.rank, through)
         if path is not None:
             self._apply(peer, peer.use_relay(path))
 

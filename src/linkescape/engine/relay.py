@@ -46,8 +46,10 @@ from .link import Link, WireItem
 #: a frame lost at the relay (a link of it that failed, a notice of that which was lost too) is
 #: found from the peer's cumulative ack, level state that every relayed heartbeat repeats
 RELAY_RTO = 0.2
-#: seconds a rank that refused to relay to a peer is not asked again
-REFUSAL_MEMORY = 2.0
+#: seconds a rank that refused to relay to a peer is not asked again (one search for a relay, see
+#: engine.core.RELAY_RETRY: a refusal says what the rank could reach then, and faults come and go
+#: faster; with 2 s a pair that lost its path again soon after found every rank still refused)
+REFUSAL_MEMORY = 0.5
 
 
 class RelayPath:
@@ -127,16 +129,22 @@ class RelayRouter:
         self.sent_total: Dict[Tuple[int, int], int] = {}
 
     # ------------------------------------------------------------ as an end of a pair
-    def choose(self, dst: int) -> Optional[RelayPath]:
-        """A relay for our traffic to ``dst``, or None when no rank can be one."""
+    def choose(self, dst: int, through: Optional[int] = None) -> Optional[RelayPath]:
+        """A relay for our traffic to ``dst``, or None when no rank can be one.
+        ``through``: a rank that just passed a frame of ``dst``'s on to us (it
+        reaches both of us now, whatever it said before): that one."""
         now = self.clock.now()
+        if through is not None:
+            self.refusals.pop((dst, through), None)
+            peer = self.peers.get(through)
+            if peer is not None and self._can_relay(peer, dst):
+                self.routes[dst] = through
+                return RelayPath(peer, dst, self.rail_word, self.window, now)
         best = None
         for rank, peer in self.peers.items():
-            if rank == dst or peer.lost is not None or peer.relay is not None or not peer.active:
+            if not self._can_relay(peer, dst):
                 continue
             if now - self.refusals.get((dst, rank), -REFUSAL_MEMORY) < REFUSAL_MEMORY:
-                continue
-            if not any(l is not None and peer.status[l.rail].state is State.UP for l in peer.links):
                 continue
             load = peer.relay_load + sum(1 for v in self.routes.values() if v == rank)
             key = (load, zlib.crc32(f"{min(self.rank, dst)}:{max(self.rank, dst)}:{rank}".encode()))
@@ -147,6 +155,13 @@ class RelayRouter:
         via = best[1]
         self.routes[dst] = via.rank
         return RelayPath(via, dst, self.rail_word, self.window, now)
+
+    @staticmethod
+    def _can_relay(peer: "PeerChannel", dst: int) -> bool:
+        """A peer we reach on a live link of our own, not the destination, not relayed itself."""
+        if peer.rank == dst or peer.lost is not None or peer.relay is not None or not peer.active:
+            return False
+        return any(l is not None and peer.status[l.rail].state is State.UP for l in peer.links)
 
     def refused(self, dst: int, via: int) -> None:
         self.refusals[(dst, via)] = self.clock.now()
