@@ -149,3 +149,74 @@ def test_rails_swapped_in_the_store_never_become_crossed_links(swapped_for):
             for sock in (s.accepted or {}).values():
                 sock.close()
             s.close()
+
+
+# ------------------------------------------------------------------ connect_at_start
+class CountingStore(DictStore):
+    """DictStore with torch's add."""
+
+    def add(self, key, amount):
+        self._count("add")
+        value = int(self.values.get(key, b"0")) + amount
+        self.values[key] = str(value).encode()
+        return value
+
+
+def test_start_up_opens_the_ring_neighbours_only_from_16_ranks_on_and_only_with_a_counting_store():
+    auto = Config()
+    assert rendezvous.start_up_peers(3, 8, auto, CountingStore()) is None  # few ranks: every link
+    assert rendezvous.start_up_peers(3, 16, auto, CountingStore()) == {2, 4}
+    assert rendezvous.start_up_peers(0, 64, auto, CountingStore()) == {63, 1}  # a ring
+    assert rendezvous.start_up_peers(0, 64, auto, DictStore()) is None  # a store that cannot count: every link
+    assert rendezvous.start_up_peers(1, 2, Config(connect_at_start="neighbours"), CountingStore()) == {0}
+    assert rendezvous.start_up_peers(3, 64, Config(connect_at_start="all"), CountingStore()) is None
+
+
+def test_every_set_of_ranks_has_a_ring_edge_to_the_others():
+    # why the neighbours suffice to find a key mismatch at start-up: any rank whose key differs
+    # from a neighbour's fails there, and any split of the ranks into two keys has such a pair
+    n = 16
+    for odd in ({5}, {0, 1}, set(range(1, n)), {3, 9, 12}):
+        assert any((r in odd) != (p in odd) for r in range(n)
+                   for p in rendezvous.start_up_peers(r, n, Config(), CountingStore()))
+
+
+def _setup(rank, n, store):
+    setup = rendezvous.LinkSetup.__new__(rendezvous.LinkSetup)
+    setup.rank, setup.world_size, setup.job = rank, n, b"job0"
+    setup._store, setup._abort, setup._flag_at, setup._auth_seen = store, None, 0.0, 0
+    return setup
+
+
+def test_the_start_up_barrier_costs_two_store_calls_and_returns_once_every_rank_arrived():
+    store = CountingStore()
+    setups = [_setup(r, 3, store) for r in range(3)]
+    # the last rank to arrive sets the key: it returns at once
+    store.values[rendezvous.KEY_STARTED.format(job="job0")] = b"2"
+    setups[2].barrier(store, time.monotonic() + 5)
+    assert store.calls == {"add": 1, "set": 1, "wait": 1}
+    # an earlier rank waiting would find it set
+    setups[0].barrier(store, time.monotonic() + 5)
+
+
+def test_a_rank_waiting_at_the_barrier_stops_on_a_key_mismatch_reported_by_another():
+    store = CountingStore({rendezvous.KEY_AUTH_FAILED.format(job="job0"): json.dumps({"rank": 4, "peer": 5})})
+    t0 = time.monotonic()
+    with pytest.raises(rendezvous.AuthError) as info:
+        _setup(0, 8, store).barrier(store, time.monotonic() + 30)
+    assert info.value.peer == 4 and time.monotonic() - t0 < 5
+
+
+def test_a_rank_waiting_at_the_barrier_stops_when_another_could_not_start():
+    store = CountingStore()
+    failed = _setup(5, 8, store)
+    failed.report_start_failure(store, RendezvousError("rank 5 could not reach rank 6 on rail 0"))
+    with pytest.raises(RendezvousError, match="rank 5 could not start") as info:
+        _setup(0, 8, store).barrier(store, time.monotonic() + 30)
+    assert info.value.missing == (5,)
+
+
+def test_a_barrier_that_never_completes_names_how_many_ranks_arrived():
+    store = CountingStore()
+    with pytest.raises(RendezvousError, match="1 of 4"):
+        _setup(0, 4, store).barrier(store, time.monotonic() + 0.3)

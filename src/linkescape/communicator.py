@@ -29,7 +29,7 @@ from .log import setup_logging
 from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
-from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails
+from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails, start_up_peers
 from .transport.tcp import ensure_fd_budget
 
 log = logging.getLogger("linkescape")
@@ -172,7 +172,22 @@ class Communicator:
             # Active-backup: start-up opens the primary rail; the backups are
             # opened by recovery right after, off the caller's path (stripe: all).
             now_rails = None if self.config.policy == "stripe" or self.config.eager_backups else [0]
-            socks = setup.connect_all(job, peers, deadline, store=store, rails=now_rails)
+            # From NEIGHBOURS_FROM ranks on, only the ring neighbours' links (O(1) handshakes per
+            # rank), then a store barrier; the rest are opened right after, as the backups are.
+            now_peers = start_up_peers(self.rank, self.world_size, self.config, store)
+            try:
+                socks = setup.connect_all(job, peers, deadline, store=store, rails=now_rails, peers_now=now_peers)
+            except Exception as exc:
+                if now_peers is not None:
+                    setup.report_start_failure(store, exc)  # the others wait at the barrier: they stop too
+                raise
+            if now_peers is not None:
+                try:
+                    setup.barrier(store, deadline)
+                except BaseException:
+                    for sock in socks.values():
+                        sock.close()
+                    raise
         except BaseException:
             setup.close()
             raise

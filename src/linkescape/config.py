@@ -18,6 +18,10 @@ POLICIES = ("active-backup", "stripe")
 #: LINKESCAPE_AUTH: "optional" (without a key, the per-job secret from the
 #: store) or "required" (no start without LINKESCAPE_AUTH_KEY[_FILE])
 AUTH_MODES = ("optional", "required")
+#: LINKESCAPE_CONNECT_AT_START
+CONNECT_MODES = ("auto", "all", "neighbours")
+#: ``auto`` opens only the ring neighbours' links at start-up from this many ranks on
+NEIGHBOURS_FROM = 16
 #: variables whose empty value is a value (an error), not "unset": an empty
 #: key, e.g. from ``$(cat missing)``, must never mean "no key"
 _EMPTY_IS_SET = ("LINKESCAPE_AUTH_KEY", "LINKESCAPE_AUTH_KEY_FILE")
@@ -159,6 +163,7 @@ _ENV = {
     "LINKESCAPE_TCP_RTO_MIN_MS": ("tcp_rto_min", lambda v, n: _millis_or_zero(v, n)),
     "LINKESCAPE_FRAME_AUTH": ("frame_auth", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
     "LINKESCAPE_EAGER_BACKUPS": ("eager_backups", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
+    "LINKESCAPE_CONNECT_AT_START": ("connect_at_start", lambda v, n: v.strip().lower()),
 }
 
 
@@ -247,6 +252,11 @@ class Config:
     #: open the backup rails' links before start-up returns (default: the
     #: primary rail's, then the backups right after, off the caller's path)
     eager_backups: bool = False
+    #: the peers whose links start-up opens before it returns: ``all``; ``neighbours`` (the two ring
+    #: neighbours, then a store barrier; every other link is opened right after, off the caller's
+    #: path, as the backups are); ``auto``: ``neighbours`` from NEIGHBOURS_FROM ranks on when the
+    #: store can count (torch's stores), else ``all``
+    connect_at_start: str = "auto"
     extra: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -272,6 +282,8 @@ class Config:
             raise ConfigError("LINKESCAPE_AUTH_KEY is set but empty or blank: give it the job's key, or unset it")
         if self.auth_key_file is not None and not self.auth_key_file.strip():
             raise ConfigError("LINKESCAPE_AUTH_KEY_FILE is set but empty: name the key file, or unset it")
+        if self.connect_at_start not in CONNECT_MODES:
+            raise ConfigError(f"LINKESCAPE_CONNECT_AT_START={self.connect_at_start!r} is not one of {CONNECT_MODES}")
         if self.auth not in AUTH_MODES:
             raise ConfigError(f"LINKESCAPE_AUTH={self.auth!r} is not one of {AUTH_MODES}")
         if self.auth == "required" and self.auth_key is None and self.auth_key_file is None:

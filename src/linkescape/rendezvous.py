@@ -32,7 +32,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import auth
-from .config import Config
+from .config import NEIGHBOURS_FROM, Config
 from .errors import AuthError, ConfigError, HandshakeError, RailMismatch, RendezvousError
 from .health.carrier import address_for_ifname, ifname_for_address
 from .protocol.handshake import LinkAuth
@@ -46,6 +46,10 @@ KEY_ADDR = "linkescape/addr/{rank}"
 #: the per-job secret, under the job's token so that a reader always gets the pair
 KEY_SECRET = auth.KEY_SECRET + "/{job}"
 KEY_AUTH_FAILED = "linkescape/auth_failed/{job}"
+#: the start-up barrier of ``connect_at_start=neighbours``: a count, and a key the last rank sets
+KEY_STARTED = "linkescape/started/{job}"
+KEY_ALL_STARTED = "linkescape/all_started/{job}"
+KEY_START_FAILED = "linkescape/start_failed/{job}"
 #: start-up dials in flight at once
 DIAL_PARALLEL = 64
 
@@ -164,6 +168,23 @@ def job_secret(store, job: bytes, deadline: float) -> bytes:
     return _decode(_store_get(store, KEY_SECRET.format(job=job.decode()), deadline, 0)).encode()
 
 
+def start_up_peers(rank: int, world_size: int, config: Config, store) -> Optional[set]:
+    """The peers whose links start-up opens before it returns (None: all of them).
+
+    ``neighbours``: the two ring neighbours only. A rank's start-up then costs
+    O(1) handshakes instead of O(N) (Python handshakes of every rank on a
+    shared host were what made init slower than Gloo's from 16 ranks on); the
+    other links are opened right after, off the caller's path, as the backups
+    are. Every set of ranks configured with one key has a ring edge to a rank
+    with another key, so a key mismatch still stops start-up (see
+    ``LinkSetup.barrier``). It needs a store that counts (``add``)."""
+    mode = config.connect_at_start
+    can_count = getattr(store, "add", None) is not None
+    if mode == "all" or not can_count or (mode == "auto" and world_size < NEIGHBOURS_FROM):
+        return None
+    return {(rank - 1) % world_size, (rank + 1) % world_size} - {rank}
+
+
 # ------------------------------------------------------------------ links
 class LinkSetup:
     """Opens every link of one rank at start-up (blocking, with a deadline).
@@ -190,6 +211,8 @@ class LinkSetup:
         self._flag_at = 0.0
         self._auth_seen = 0
         self._rails: set = set(range(len(rail_addrs)))
+        #: the peers whose links start-up opens (None: all)
+        self._peers_now: Optional[set] = None
         #: (peer, rail) -> the key of that link alone (frame MACs)
         self.link_keys: Dict[Tuple[int, int], bytes] = {}
 
@@ -243,9 +266,9 @@ class LinkSetup:
 
     # ------------------------------------------------------------ accepting
     def _admit(self, peer: int, rail: int, epoch: int) -> int:
-        if rail not in self._rails:
-            # a backup dialed early by a peer whose start-up is done: it comes back once recovery accepts
-            raise HandshakeError(f"rail {rail} is opened after start-up")
+        if rail not in self._rails or (self._peers_now is not None and peer not in self._peers_now):
+            # a link dialed early by a peer whose start-up is done: it comes back once recovery accepts
+            raise HandshakeError(f"rail {rail} to rank {peer} is opened after start-up")
         return 1  # nothing received yet: replay would start at seq 1
 
     def _accept_some(self) -> None:
@@ -264,11 +287,14 @@ class LinkSetup:
 
     # ------------------------------------------------------------ all links
     def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float,
-                    store=None, rails: Optional[Sequence[int]] = None) -> Dict[Tuple[int, int], socket.socket]:
+                    store=None, rails: Optional[Sequence[int]] = None,
+                    peers_now: Optional[set] = None) -> Dict[Tuple[int, int], socket.socket]:
         """Returns {(peer, rail): socket} for every pair and rail. ``store``:
         where the per-job secret is (when no key is configured) and where key
         mismatches are reported. ``rails``: the rails opened now (default: all
-        of them); the others are opened by recovery once the job runs."""
+        of them); ``peers_now``: the peers (default: all of them, see
+        ``start_up_peers``); the other links are opened by recovery once the
+        job runs."""
         self.job = job
         self._store = store
         nr = len(self.rail_addrs)
@@ -285,7 +311,9 @@ class LinkSetup:
         self.auth = LinkAuth(key, job, self.rank, self.world_size, nr)
         self.acceptor = Acceptor(self.listeners, self.auth, self.config, peer_addrs=peers)
         self._rails = set(range(nr)) if rails is None else set(rails)
-        expected_in = (self.world_size - 1 - self.rank) * len(self._rails)
+        self._peers_now = peers_now
+        higher = [p for p in range(self.rank + 1, self.world_size) if peers_now is None or p in peers_now]
+        expected_in = len(higher) * len(self._rails)
         out: Dict[Tuple[int, int], socket.socket] = {}
         try:
             # dials and accepts from this one thread and one poll (a thread of
@@ -298,8 +326,7 @@ class LinkSetup:
             for sock in out.values():
                 sock.close()
             raise
-        missing = sorted({p for p in range(self.rank + 1, self.world_size) for r in self._rails
-                          if (p, r) not in self.accepted})
+        missing = sorted({p for p in higher for r in self._rails if (p, r) not in self.accepted})
         if missing:
             for sock in out.values():
                 sock.close()
@@ -317,7 +344,8 @@ class LinkSetup:
         that fails (refused, reset, no answer in 10 s) is retried with
         backoff until ``deadline``; a key mismatch stops them all. The same
         loop accepts the ``expected_in`` links of the higher ranks."""
-        todo = [(p, rail) for p in range(self.rank) for rail in rails]
+        todo = [(p, rail) for p in range(self.rank) for rail in rails
+                if self._peers_now is None or p in self._peers_now]
         todo.reverse()  # popped from the end: lowest rank first
         retry_at: Dict[Tuple[int, int], float] = {}
         delays: Dict[Tuple[int, int], float] = {}
@@ -381,6 +409,64 @@ class LinkSetup:
         finally:
             for _key, dial in live.values():
                 dial.close()
+
+    def barrier(self, store, deadline: float) -> None:
+        """(``connect_at_start=neighbours``) Wait until every rank opened its
+        start-up links, looking for failures meanwhile: a rank with another
+        key fails with its ring neighbours, who record it in the store, and
+        every rank then stops here with ``AuthError``, as when all links open
+        at start-up; a rank whose start-up failed otherwise (a neighbour it
+        cannot reach) records that, and every rank stops with
+        ``RendezvousError`` naming it. Two store calls per rank (three for
+        the last to arrive), and two looks at the failure records every
+        FLAG_INTERVAL while waiting."""
+        job = self.job.decode()
+        key = KEY_ALL_STARTED.format(job=job)
+        if int(store.add(KEY_STARTED.format(job=job), 1)) >= self.world_size:
+            store.set(key, "1")
+        wait = getattr(store, "wait", None)
+        looked = time.monotonic()
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if wait is not None:
+                    wait([key], datetime.timedelta(seconds=max(0.001, min(self.FLAG_INTERVAL, left))))
+                    return
+                if store.check([key]):
+                    return
+                time.sleep(0.01)
+            except Exception as exc:  # noqa: BLE001 - a store's wait times out with its own error type
+                log.debug("rank %d: start-up barrier: %s", self.rank, exc)
+            if wait is not None or time.monotonic() - looked >= self.FLAG_INTERVAL:
+                looked = time.monotonic()
+                self._check_flag(force=True)
+                self._check_start_failed(store)
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"rank {self.rank}: not every rank finished start-up "
+                                      f"({int(store.add(KEY_STARTED.format(job=job), 0))} of {self.world_size})")
+
+    def report_start_failure(self, store, exc: BaseException) -> None:
+        """(``connect_at_start=neighbours``) Our start-up failed: say so in the
+        store, so that the ranks waiting at the barrier stop, naming us."""
+        if not self.job or isinstance(exc, AuthError):
+            return  # (a key mismatch has its own record)
+        try:
+            store.set(KEY_START_FAILED.format(job=self.job.decode()),
+                      json.dumps({"rank": self.rank, "error": f"{type(exc).__name__}: {exc}"[:500]}))
+        except Exception as exc2:  # noqa: BLE001 - best effort: our own error is raised anyway
+            log.debug("rank %d: cannot record the start-up failure in the store: %s", self.rank, exc2)
+
+    def _check_start_failed(self, store) -> None:
+        key = KEY_START_FAILED.format(job=self.job.decode())
+        try:
+            if not store.check([key]):
+                return
+            info = json.loads(_decode(store.get(key)))
+            who, error = int(info["rank"]), str(info.get("error"))
+        except Exception as exc:  # noqa: BLE001 - no answer from the store: keep waiting
+            log.debug("rank %d: no word on start-up failures: %s", self.rank, exc)
+            return
+        raise RendezvousError(f"rank {who} could not start: {error}", missing=[who])
 
     def _auth_failed(self, exc: AuthError) -> None:
         self._report_auth_failure(exc)

@@ -92,7 +92,8 @@ DEFAULT_RAILS = "127.0.0.1"
                    "(root); --rails is then the testbed's rail count (default 2); see --rate-phases")
 @click.option("--scale", "scale", default=None, metavar="N,N,...",
               help="run the scale benchmark instead: for each N, N ranks here with linkescape and gloo side "
-                   "by side: idle CPU per rank, 4 B and 1 MiB all_reduce, init, store calls a second, fds per rank")
+                   "by side: idle CPU per rank, 4 B and 1 MiB all_reduce, init (wall and CPU per rank), store calls a "
+                   "second, fds per rank")
 @click.option("--idle-seconds", type=float, default=5.0, show_default=True,
               help="--scale: seconds of idleness measured per N")
 @click.option("--memory", "memory", default=None, metavar="all|quick|WORD,...",

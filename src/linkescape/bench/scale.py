@@ -7,6 +7,14 @@ side in the same processes:
 
 - ``init_s``: from a common start (a store barrier) until the group is ready,
   the slowest rank;
+- ``init_cpu_ms``: CPU milliseconds the process spent in that init (all its
+  threads: ``time.process_time``), the median rank. On a host with fewer cores
+  than ranks, init's wall time is about N / cores times this;
+- ``links_s``: from the same start until every link of every rank is up (the
+  slowest rank): linkescape opens some of them after init returns (the
+  backups; from 16 ranks on, all but the ring neighbours'), so this is what a
+  job waits at most before every pair has its pre-created backup. Gloo's
+  links are all up when its init returns. The idle window starts after it;
 - ``idle_cpu``: CPU seconds per second of a rank while nothing is called, over
   ``--idle`` seconds. linkescape's share is the CPU of its own threads (read
   from ``/proc/self/task``); Gloo's is the rest of the process less the
@@ -54,6 +62,15 @@ def linkescape_cpu() -> float:
     """CPU seconds of every live linkescape thread of this process."""
     return sum(_thread_cpu(t.native_id) for t in threading.enumerate()
                if t.name.startswith("linkescape") and t.native_id is not None)
+
+
+def wait_links_up(comm, t0: float, limit: float = 120.0) -> float:
+    """Seconds from ``t0`` until every link of ``comm`` is up (``limit`` at most)."""
+    while True:
+        peers = comm.snapshot()["peers"].values()
+        if all(l["usable"] for p in peers for l in p["links"]) or time.perf_counter() - t0 > limit:
+            return time.perf_counter() - t0
+        time.sleep(0.05)
 
 
 def count_fds() -> int:
@@ -140,15 +157,16 @@ class ScaleRank:
         gstore, lstore = counting_store(self.store), counting_store(self.store)
         self.barrier()
         fd0 = count_fds()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dist.init_process_group("gloo", store=dist.PrefixStore("scale/gloo", gstore), rank=rank, world_size=n,
                                 timeout=datetime.timedelta(seconds=600))
-        init_gloo = time.perf_counter() - t0
+        init_gloo, cpu_gloo = time.perf_counter() - t0, time.process_time() - c0
         fd1 = count_fds()
         self.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         comm = Communicator(dist.PrefixStore("scale/le", lstore), rank, n, rails=RAILS)
-        init_le = time.perf_counter() - t0
+        init_le, cpu_le_init = time.perf_counter() - t0, time.process_time() - c0
+        links_le = wait_links_up(comm, t0)
         fd2 = count_fds()
         self.barrier()
         time.sleep(0.5)  # let start-up settle (the first beacon, threads ending)
@@ -162,6 +180,8 @@ class ScaleRank:
         calls = (lstore.calls - calls0[0], gstore.calls - calls0[1])
         self.barrier()
         results = {"init": {"linkescape": init_le, "gloo": init_gloo},
+                   "init_cpu": {"linkescape": cpu_le_init, "gloo": cpu_gloo},
+                   "links": {"linkescape": links_le, "gloo": init_gloo},
                    "fds": {"linkescape": fd2 - fd1, "gloo": fd1 - fd0},
                    "idle_cpu": {"linkescape": cpu_le / wall, "gloo": max(0.0, cpu_all - cpu_le) / wall},
                    "store_calls_per_s": {"linkescape": calls[0] / wall, "gloo": calls[1] / wall},
@@ -274,6 +294,8 @@ def summarize(n: int, ranks: List[dict]) -> dict:
     row = {"world_size": n}
     for b in BACKENDS:
         rec = {"init_s": max(r["init"][b] for r in ranks),
+               "init_cpu_ms": statistics.median(r["init_cpu"][b] for r in ranks) * 1e3,
+               "links_s": max(r["links"][b] for r in ranks),
                "idle_cpu_per_rank": statistics.median(r["idle_cpu"][b] for r in ranks),
                "store_calls_per_s_per_rank": statistics.median(r["store_calls_per_s"][b] for r in ranks),
                "fds_per_rank": statistics.median(r["fds"][b] for r in ranks)}
@@ -287,6 +309,7 @@ def summarize(n: int, ranks: List[dict]) -> dict:
 
 COLUMNS = (("idle_cpu_per_rank", "idle CPU/rank", "{:.4f}"), ("allreduce_4B_us", "4 B us", "{:.0f}"),
            ("allreduce_1MiB_us", "1 MiB us", "{:.0f}"), ("init_s", "init s", "{:.2f}"),
+           ("init_cpu_ms", "init CPU ms/rank", "{:.1f}"), ("links_s", "all links up s", "{:.2f}"),
            ("store_calls_per_s_per_rank", "store/s/rank", "{:.2f}"), ("fds_per_rank", "fds/rank", "{:.0f}"))
 
 

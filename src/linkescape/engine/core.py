@@ -228,7 +228,7 @@ class Engine:
         self._verdict(peer, self.liveness.listener_probed(peer, rail, refused))
 
     def down_links(self) -> List[tuple]:
-        """(any thread, no lock) (peer, rail, next try) of the down links this
+        """(any thread, no lock) (peer, rail, next try, never up yet) of the down links this
         rank re-dials (it is the higher rank of the pair): a copy, states
         re-checked, only the links that are down looked at."""
         out = []
@@ -238,7 +238,7 @@ class Engine:
                 continue
             st = peer.status[rail]
             if st.state is State.DOWN:
-                out.append((rank, rail, st.next_probe))
+                out.append((rank, rail, st.next_probe, st.never_up))
         return out
 
     def expected_from(self, peer_rank: int) -> int:

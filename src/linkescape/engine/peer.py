@@ -264,7 +264,7 @@ class PeerChannel:
             self._emit("link_up", rail, CAUSE.get(cause), epoch=link.epoch)
             self.reroute(now, cause=CAUSE.get(cause))
         else:
-            self.reroute(now)
+            self.reroute(now, opened=rail if first else None)
         self.sender.pump()
         return self._done()
 
@@ -314,7 +314,8 @@ class PeerChannel:
     def link_error(self, link: Link, exc: BaseException, what: str) -> None:
         self.link_down(link, failure_event(exc), detail=f"{what}: {exc}")
 
-    def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None) -> None:
+    def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None,
+                opened: Optional[int] = None) -> None:
         policy = self.env.policy
         old = self.active
         held = self.avoid | self.peer_avoid
@@ -342,7 +343,10 @@ class PeerChannel:
         if old and new != old:
             if moved_from is not None:
                 self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
-            elif new[0] == policy.primary or (policy.stripe and len(new) > len(old)):
+            elif (new[0] == policy.primary or (policy.stripe and len(new) > len(old))) and any(
+                    r != opened for r in new if r not in old):
+                # (a rail whose first link just opened is not failed back to: a primary link opened
+                # after start-up, once a backup came up first)
                 self._emit("failback", new[0], None, from_rail=old[0])
         elif not old and moved_from is not None:
             self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)

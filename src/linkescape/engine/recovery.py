@@ -43,6 +43,8 @@ MAX_DIALS = 16
 PROBE_DEADLINE = 0.5
 #: seconds between two probes of one peer's listeners
 PROBE_INTERVAL = 0.5
+#: seconds a link's first dial may take (connect and handshake), as at start-up
+FIRST_DIAL = 10.0
 
 
 class _Probe:
@@ -204,7 +206,7 @@ class Recovery:
         (only those are looked at), a dial's or probe's deadline, a wanted
         probe; None when nothing is."""
         due = None
-        for peer, rail, next_probe in self.engine.down_links():
+        for peer, rail, next_probe, _first in self.engine.down_links():
             if rail not in self.local_down and (peer, rail) not in self.dialing:
                 due = next_probe if due is None else min(due, next_probe)
         for _key, dial in self._dials.values():
@@ -220,7 +222,9 @@ class Recovery:
     def _start_dials(self, now: float) -> None:
         if self.engine.closed:
             return
-        for peer, rail, next_probe in self.engine.down_links():
+        # the primary rail's links first: at start-up (backups, and with connect_at_start=neighbours
+        # every link but the neighbours') traffic goes on the primary as soon as it can
+        for peer, rail, next_probe, first in sorted(self.engine.down_links(), key=lambda d: (d[1], d[2])):
             if len(self._dials) >= MAX_DIALS:
                 return
             key = (peer, rail)
@@ -234,6 +238,13 @@ class Recovery:
             # the acceptor had just kept, and the backups churned without end.
             connect_by = now + min(0.5, self.config.reconnect_max + 0.25)
             deadline = max(connect_by, now + self.config.handshake_timeout)
+            if first:
+                # A link's first connection (start-up's backups, and with connect_at_start=neighbours
+                # nearly every link): no traffic waits for it, and every rank is opening its links at
+                # once (64 ranks on 2 cores: handshakes of several seconds); the short deadlines made
+                # dialers give up on links their acceptors kept, and the links churned.
+                connect_by = deadline = now + FIRST_DIAL
+
             self.dialing.add(key)
             try:
                 handshake = self.auth.dialer(peer, rail, epoch, self.engine.expected_from(peer), deadline)

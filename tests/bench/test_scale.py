@@ -1,0 +1,51 @@
+"""linkescape bench --scale: the row built from every rank's figures, and one real 2-rank run
+(its JSON has every column of the table for both backends)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from linkescape.bench import scale
+
+
+def _rank(init: float, cpu: float, t4: list, t1m: list) -> dict:
+    both = lambda le, gl: {"linkescape": le, "gloo": gl}  # noqa: E731
+    return {"init": both(init, 2 * init), "init_cpu": both(cpu, cpu / 2), "links": both(2 * init, 2 * init),
+            "fds": both(3, 2),
+            "idle_cpu": both(0.001, 0.002), "store_calls_per_s": both(1.0, 0.0),
+            "times": {"4": both(t4, [x * 2 for x in t4]), str(1 << 20): both(t1m, t1m)}}
+
+
+def test_a_row_takes_the_slowest_rank_per_round_and_the_median_of_the_rest():
+    ranks = [_rank(0.1, 0.010, [10, 30, 20], [100, 100, 100]),
+             _rank(0.3, 0.020, [15, 10, 25], [100, 300, 100]),
+             _rank(0.2, 0.030, [10, 10, 10], [100, 100, 100])]
+    row = scale.summarize(3, ranks)
+    le, gl = row["linkescape"], row["gloo"]
+    assert le["init_s"] == 0.3 and gl["init_s"] == 0.6  # the slowest rank
+    assert le["links_s"] == 0.6
+    assert le["init_cpu_ms"] == pytest.approx(20.0) and gl["init_cpu_ms"] == pytest.approx(10.0)  # the median rank
+    assert le["allreduce_4B_us"] == 25  # worst per round: 15, 30, 25 -> median 25
+    assert le["allreduce_1MiB_us"] == 100
+    line = scale.format_row(row)
+    assert line.split("|")[0].strip() == "3" and "20.0 / 10.0" in line and line.rstrip().endswith("1.00x")
+    assert len(line.split("|")) == len(scale.header().split("|"))
+
+
+def test_two_ranks_side_by_side_report_every_column(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "scale.json"
+    lines = []
+    rows = scale.run_scale([2], str(out), echo=lines.append, idle=2.0, rounds=1)
+    on_disk = [json.loads(l) for l in out.read_text().splitlines()]
+    assert on_disk == json.loads(json.dumps(rows))
+    for backend in scale.BACKENDS:
+        rec = rows[0][backend]
+        for key, _title, _fmt in scale.COLUMNS:
+            assert rec[key] >= 0, (backend, key, rec)
+        assert rec["init_s"] > 0 and rec["allreduce_4B_us"] > 0
+    assert rows[0]["linkescape"]["init_cpu_ms"] > 0
+    assert rows[0]["linkescape"]["store_calls_per_s_per_rank"] <= 2.0  # the beacon: about one a second (2 s window)
+    assert lines[0].startswith("# linkescape bench --scale 2") and lines[2].split("|")[0].strip() == "2"

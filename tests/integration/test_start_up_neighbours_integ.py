@@ -1,0 +1,117 @@
+"""``LINKESCAPE_CONNECT_AT_START=neighbours`` (the default from 16 ranks on): start-up opens only
+the ring neighbours' links, then a store barrier; every other link, backups included, opens right
+after, off the caller's path. Real processes over a TCPStore on two loopback rails: the first
+collectives are exact while links are still opening, every link comes up, nothing opened for the
+first time is reported as a failover or failback, and a rank with another key still stops every
+rank at start-up."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import numpy as np
+import pytest
+
+from linkescape import Communicator, FileStore
+from linkescape.config import Config
+from linkescape.errors import AuthError
+from linkescape.testing import raise_first, run_ranks
+
+pytest.importorskip("torch")
+
+RAILS = ["127.0.0.1", "127.0.0.2"]
+N = 6
+
+
+def _tcp_store(rank, n, store_dir):
+    """A TCPStore (it counts: what the neighbours mode needs); its port goes through a FileStore."""
+    import torch.distributed as dist
+
+    files = FileStore(store_dir, timeout=60)
+    timeout = datetime.timedelta(seconds=60)
+    if rank == 0:
+        server = dist.TCPStore("127.0.0.1", 0, n, True, timeout=timeout, wait_for_workers=False)
+        files.set("port", str(server.port))
+        return server
+    return dist.TCPStore("127.0.0.1", int(files.get("port")), n, False, timeout=timeout)
+
+
+def _leave(store, rank, n):
+    """Rank 0 holds the store's server: it leaves last."""
+    store.add("test/left", 1)
+    if rank == 0:
+        while int(store.add("test/left", 0)) < n:
+            time.sleep(0.01)
+
+
+def _job(rank, n, store_dir):
+    store = _tcp_store(rank, n, store_dir)
+    cfg = Config(timeout=60, connect_timeout=60, connect_at_start="neighbours")
+    comm = Communicator(store, rank, n, rails=RAILS, config=cfg)
+    try:
+        snap = comm.snapshot()["peers"]
+        at_start = sorted(p for p, info in snap.items() if any(l["usable"] for l in info["links"]))
+        results = []
+        for step in range(20):  # at once: some of these pairs have no link yet
+            buf = np.full(1000, rank + step, np.float32)
+            comm.all_reduce(buf)
+            results.append(float(buf[0]))
+            big = np.full(n, rank * 100 + step, np.int64)
+            out = np.empty(n, np.int64)
+            comm.all_to_all(out, big)
+            results.append(out.tolist())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            peers = comm.snapshot()["peers"].values()
+            if all(l["usable"] for p in peers for l in p["links"]):
+                break
+            time.sleep(0.05)
+        every_link = all(l["usable"] for p in comm.snapshot()["peers"].values() for l in p["links"])
+        primaries = sorted({p["primary"] for p in comm.snapshot()["peers"].values()})
+        # start-up's links have epoch 1; Recovery's (re-)opened ones 2 and above
+        epochs = comm._driver.call(lambda: {(p, l.rail): l.epoch for p, peer in comm._engine.peers.items()
+                                            for l in peer.links if l is not None})
+        events = [e["event"] for e in comm.events.recent()]
+        return {"at_start": at_start, "results": results, "every_link": every_link, "primaries": primaries,
+                "events": events, "by_start_up": sorted(k for k, e in epochs.items() if e == 1)}
+    finally:
+        comm.close()
+        _leave(store, rank, n)
+
+
+def test_start_up_opens_the_neighbours_and_every_link_follows():
+    res = raise_first(run_ranks(N, _job, make_comm=False, timeout=180))
+    for rank, r in enumerate(res):
+        assert set(r["at_start"]) >= {(rank - 1) % N, (rank + 1) % N}, (rank, r["at_start"])
+        assert r["every_link"], rank
+        # start-up opened the neighbours' primary links, and nothing else
+        assert r["by_start_up"] == sorted([((rank - 1) % N, 0), ((rank + 1) % N, 0)]), (rank, r["by_start_up"])
+        assert r["primaries"] == [0], (rank, r["primaries"])  # traffic on the primary rail once it is up
+        assert not set(r["events"]) & {"failover", "failback", "no_path", "link_down"}, (rank, r["events"])
+    total = sum(range(N))
+    for step in range(20):
+        for rank, r in enumerate(res):
+            assert r["results"][2 * step] == total + N * step, (rank, step)
+            assert r["results"][2 * step + 1] == [src * 100 + step for src in range(N)], (rank, step)
+
+
+def _mismatch(rank, n, store_dir, odd):
+    store = _tcp_store(rank, n, store_dir)
+    key = "odd-key--" * 4 if rank == odd else "same-key-" * 4
+    cfg = Config(timeout=30, connect_timeout=30, connect_at_start="neighbours", auth_key=key)
+    t0 = time.monotonic()
+    try:
+        with Communicator(store, rank, n, rails=RAILS, config=cfg):
+            return ("connected", None, 0.0)
+    except AuthError as exc:
+        return ("AuthError", exc.peer, time.monotonic() - t0)
+    finally:
+        _leave(store, rank, n)
+
+
+def test_a_rank_with_another_key_stops_every_rank_at_start_up():
+    # rank 3's ring neighbours find it; the ranks that never dial it learn it at the barrier
+    res = run_ranks(N, _mismatch, 3, make_comm=False, timeout=90)
+    assert [r[0] for r in res] == ["AuthError"] * N, res
+    assert max(r[2] for r in res) < 20, res  # not the connect timeout (30 s)
