@@ -69,7 +69,12 @@ def test_a_refusal_is_forgotten_by_the_next_search():
     from linkescape.engine.core import RELAY_RETRY
 
     # a refusal says what the rank reached then: the next search (RELAY_RETRY later) asks it again
-    assert REFUSAL_MEMORY <= RELAY_RETRY
+    router, clock = _router([_peer(1), _peer(2)])
+    router.refused(1, 2)
+    assert router.choose(1) is None  # the only rank that reaches us refused 1
+    clock.advance_ms(RELAY_RETRY * 1000)
+    path = router.choose(1)
+    assert path is not None and path.via == 2
 
 
 def test_no_candidate_means_no_relay():
