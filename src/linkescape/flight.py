@@ -57,6 +57,7 @@ TRIGGERS = {"CommTimeout": "timeout", "PeerLost": "peer_lost", "LinkFailure": "l
 DUMP_THROTTLE_S = 2.0
 
 _POSTED, _STARTED, _DONE, _FAILED = "posted", "started", "done", "failed"
+_IN_FLIGHT = (_POSTED, _STARTED)
 #: a finished op's slot keeps the peers and frame counts of at most this many
 #: peers (an all_to_all of N ranks would otherwise keep N of each, per slot)
 KEEP_PEERS = 16
@@ -75,22 +76,20 @@ def _bounded_frames(frames):
 
 
 class _Slot:
-    __slots__ = ("gen", "seq", "name", "coll", "sig", "posted", "started", "ended", "state", "error",
-                 "peers", "frames", "op", "waiting")
+    """One ring entry. It holds its op until the slot is reused: a finished
+    op has let go of its messages and buffers (``Op.release``), and its peers
+    and frame counts are cut to ``KEEP_PEERS`` as it finishes, so what a slot
+    keeps is bounded whatever N and whatever the buffers."""
+
+    __slots__ = ("sig", "posted", "started", "ended", "state", "error", "op", "waiting")
 
     def __init__(self) -> None:
-        self.gen = 0
-        self.seq = 0
-        self.name = ""
-        self.coll = True
         self.sig: tuple = ()
         self.posted = 0.0
         self.started = 0.0
         self.ended = 0.0
         self.state = ""
         self.error: Optional[BaseException] = None
-        self.peers: Any = None
-        self.frames: Any = None
         self.op: Any = None
         #: peers a failed op still needed, taken when it failed
         self.waiting: Optional[List[int]] = None
@@ -148,10 +147,8 @@ class FlightRecorder:
         self._ring: List[_Slot] = []
         self._next = 0
         self._lock = threading.Lock()
-        # per-op counters for the metrics (read at scrape time)
-        self.ops: Dict[str, int] = {}
-        self.bytes: Dict[str, int] = {}
-        self.seconds: Dict[str, float] = {}
+        #: per-op counters for the metrics, read at scrape time: name -> [ops, bytes, seconds]
+        self._tally: Dict[str, List[Any]] = {}
         self.errors: Dict[Tuple[str, str], int] = {}
         self.coll_posted = 0
         self.coll_done = 0
@@ -165,33 +162,29 @@ class FlightRecorder:
         self._on_done = self._done
 
     # ----------------------------------------------------------- recording
+    # Recording is on every operation's path, so it does as little as it can:
+    # no lock (``record`` runs under the communicator's post lock, ``_done``
+    # under the engine's lock; they touch one slot each, and a slot reused
+    # while its op still ran is left alone by that op), no allocation, and
+    # what the op carries anyway (seq, name, peers, frames) is read from it
+    # when a dump or a scrape asks.
     def record(self, op, sig: tuple, posted: float) -> _Slot:
         """A new operation (called in posting order, under the post lock)."""
-        # Keeps nothing per op: the slot is reused, the completion callback is
-        # one bound method for every op, and the op carries its slot (and
-        # what the counters need should the ring come round while it runs).
-        with self._lock:
-            i = self._next
-            ring = self._ring
-            if i == len(ring):
-                ring.append(_Slot())
-            s = ring[i]
-            self._next = i + 1 if i + 1 < self.size else 0
-            s.gen += 1
-            s.seq = op.seq
-            s.name = op.name
-            s.coll = op.collective
-            s.sig = sig
-            s.posted = posted
-            s.started = s.ended = 0.0
-            s.state = _POSTED
-            s.error = s.waiting = None
-            s.peers = op.peers
-            s.frames = op.last_seq
-            s.op = op
-            if op.collective:
-                self.coll_posted = op.seq
-        op.flight = (s, sig, posted)
+        i = self._next
+        ring = self._ring
+        if i == len(ring):
+            ring.append(_Slot())
+        s = ring[i]
+        self._next = i + 1 if i + 1 < self.size else 0
+        s.op = op
+        s.sig = sig
+        s.posted = posted
+        s.started = s.ended = 0.0
+        s.state = _POSTED
+        s.error = s.waiting = None
+        if op.collective:
+            self.coll_posted = op.seq
+        op.flight = s
         op.callbacks.append(self._on_done)
         return s
 
@@ -207,53 +200,65 @@ class FlightRecorder:
 
     def abandon(self, s: _Slot, exc: BaseException) -> None:
         """The engine refused the op (closed, peer already lost)."""
-        with self._lock:
-            if s.op is not None and s.state in (_POSTED, _STARTED):
-                s.state = _FAILED
-                s.ended = time.time()
-                s.error = exc
-                s.op = None
-        self._count(s.name, s.sig, s.posted, s.ended, exc)
+        op = s.op
+        if op is not None and op.flight is s:
+            op.flight = None
+            s.state = _FAILED
+            s.ended = time.time()
+            s.error = exc
+            self._count(op.name, s.sig, s.posted, s.ended, exc)
 
     def _done(self, op) -> None:
-        if op.flight is None:
+        s = op.flight
+        if s is None:
             return  # recorded already
-        s, sig, posted = op.flight
         op.flight = None
         now = time.time()
         err = op.error
-        waiting = None
-        if err is not None:
-            peers = getattr(err, "peers", None)
-            waiting = sorted(peers) if peers else _waiting_on(op)
-        with self._lock:
-            if op.collective and err is None and op.seq > self.coll_done:
+        if len(op.peers) > KEEP_PEERS:  # what the slot keeps of it is bounded (see _Slot)
+            op.peers = _bounded_peers(op.peers)
+        if len(op.last_seq) > KEEP_PEERS:
+            op.last_seq = _bounded_frames(op.last_seq)
+        if s.op is op:  # else the ring came round while this op ran
+            if not s.started:
+                s.started = now
+            s.ended = now
+            s.state = _DONE if err is None else _FAILED
+        if err is None:
+            if op.collective and op.seq > self.coll_done:
                 self.coll_done = op.seq
-            if s.op is op:  # else the ring came round while this op ran
-                if not s.started:
-                    s.started = now
-                s.ended = now
-                s.state = _DONE if err is None else _FAILED
-                s.error = err
-                s.op = None
-                s.waiting = waiting[:KEEP_PEERS] if waiting else waiting
-                s.peers = _bounded_peers(s.peers)
-                s.frames = _bounded_frames(s.frames)
-        self._count(op.name, sig, posted, now, err)
-        if err is not None:
-            reason = TRIGGERS.get(type(err).__name__) or next(
-                (TRIGGERS[c.__name__] for c in type(err).__mro__ if c.__name__ in TRIGGERS), None)
-            if reason is not None:
-                self._trigger(reason, err)
+            name = op.name
+            t = self._tally.get(name)
+            if t is None:
+                t = self._tally[name] = [0, 0, 0.0]
+            t[0] += 1
+            sig = s.sig
+            if len(sig) > 1:
+                try:
+                    t[1] += self._itemsize[sig[0]] * sig[1]
+                except (KeyError, TypeError):
+                    t[1] += self._nbytes(sig)
+            if now > s.posted:
+                t[2] += now - s.posted
+            return
+        peers = getattr(err, "peers", None)
+        waiting = sorted(peers) if peers else _waiting_on(op)
+        if s.op is op:
+            s.error = err
+            s.waiting = waiting[:KEEP_PEERS] if waiting else waiting
+        self._count(op.name, s.sig, s.posted, now, err)
+        reason = TRIGGERS.get(type(err).__name__) or next(
+            (TRIGGERS[c.__name__] for c in type(err).__mro__ if c.__name__ in TRIGGERS), None)
+        if reason is not None:
+            self._trigger(reason, err)
 
     def _count(self, name: str, sig: tuple, posted: float, ended: float, err: Optional[BaseException]) -> None:
-        ops = self.ops
-        ops[name] = ops.get(name, 0) + 1
-        seconds = self.seconds
-        seconds[name] = seconds.get(name, 0.0) + (ended - posted if ended > posted else 0.0)
-        n = self._nbytes(sig)
-        if n:
-            self.bytes[name] = self.bytes.get(name, 0) + n
+        t = self._tally.get(name)
+        if t is None:
+            t = self._tally[name] = [0, 0, 0.0]
+        t[0] += 1
+        t[1] += self._nbytes(sig)
+        t[2] += ended - posted if ended > posted else 0.0
         if err is not None:
             key = (name, type(err).__name__)
             self.errors[key] = self.errors.get(key, 0) + 1
@@ -273,10 +278,22 @@ class FlightRecorder:
             self._itemsize[code] = size
         return size * sig[1]
 
+    @property
+    def ops(self) -> Dict[str, int]:
+        return {name: t[0] for name, t in list(self._tally.items())}
+
+    @property
+    def bytes(self) -> Dict[str, int]:
+        return {name: t[1] for name, t in list(self._tally.items()) if t[1]}
+
+    @property
+    def seconds(self) -> Dict[str, float]:
+        return {name: t[2] for name, t in list(self._tally.items())}
+
     # --------------------------------------------------------------- stats
     def stats(self) -> Dict[str, Any]:
         with self._lock:
-            pending = [s.posted for s in self._ring if s.op is not None]
+            pending = [s.posted for s in list(self._ring) if s.state in _IN_FLIGHT]
             return {"ops": dict(self.ops), "bytes": dict(self.bytes), "seconds": dict(self.seconds),
                     "errors": dict(self.errors), "collective_posted": self.coll_posted,
                     "collective_done": self.coll_done, "oldest_pending_posted": min(pending) if pending else None,
@@ -289,11 +306,9 @@ class FlightRecorder:
         total = sys.getsizeof(self._ring)
         for slot in list(self._ring):
             total += sys.getsizeof(slot) + sys.getsizeof(slot.sig)
-            peers, frames = slot.peers, slot.frames
-            if peers is not None and slot.op is None:
-                total += sys.getsizeof(peers)
-            if frames is not None and slot.op is None:
-                total += sys.getsizeof(frames)
+            op = slot.op
+            if op is not None and slot.state not in _IN_FLIGHT:  # (an op in flight is the engine's)
+                total += sys.getsizeof(op) + sys.getsizeof(op.peers) + sys.getsizeof(op.last_seq)
         return total
 
     # ---------------------------------------------------------------- dump
@@ -302,9 +317,15 @@ class FlightRecorder:
         snapshot's counters) adds progress to the operations in flight."""
         with self._lock:
             order = self._ring[self._next:] + self._ring[:self._next]
-            raw = [(s.seq, s.name, s.coll, s.sig, s.posted, s.started, s.ended, s.state, s.error,
-                    sorted(s.peers) if s.peers is not None else [], dict(s.frames or {}), s.op, s.waiting)
-                   for s in order if s.state]
+            raw = []
+            for s in order:
+                op, state = s.op, s.state
+                if op is None or not state:
+                    continue
+                live = state in _IN_FLIGHT
+                raw.append((op.seq, op.name, op.collective, s.sig, s.posted, s.started, s.ended, state,
+                            s.error if s.error is not None else (None if live else op.error),
+                            sorted(set(op.peers)), dict(op.last_seq), op if live else None, s.waiting))
         out = []
         for seq, name, coll, sig, posted, started, ended, state, err, peers, frames, op, failed_on in raw:
             e: Dict[str, Any] = {"seq": seq, "op": name, "collective": coll}
