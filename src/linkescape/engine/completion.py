@@ -19,7 +19,7 @@ import logging
 from typing import Callable, Dict, List
 
 from ..errors import CommTimeout
-from .messages import ANY_SOURCE, InMessage, Op
+from .messages import ANY_SOURCE, InMessage, Op, discard
 
 log = logging.getLogger("linkescape.engine")
 
@@ -105,9 +105,7 @@ class OpTable:
             peers[m.peer].cancel(m)
         for m in op.recvs:
             if m.peer == ANY_SOURCE:
-                q = self.matcher.any_recvs.get(m.msg)
-                if q and m in q:
-                    q.remove(m)
+                discard(self.matcher.any_recvs, m.msg, m)
             else:
                 peers[m.peer].cancel(m)
         # ... nor may a replay later read memory the caller rewrites.

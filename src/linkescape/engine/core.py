@@ -40,7 +40,7 @@ from .completion import OpTable
 from .io import IoSet, Signal
 from .link import Link
 from .liveness import PROBE, Expired, Gone, Liveness
-from .messages import ANY_SOURCE, Op
+from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
                        RecvDone, Redial, Relayed, RelayReset, Unreachable)
 from .peer import Matcher, PeerChannel, PeerEnv
@@ -477,7 +477,7 @@ class Engine:
             if peer.receiver.take_any(m):
                 self._apply(peer, peer.pump())
                 return
-        self.matcher.any_recvs.setdefault(m.msg, collections.deque()).append(m)
+        enqueue(self.matcher.any_recvs, m.msg, m)
 
     # ------------------------------------------------------------ one round (lock held)
     def progress_once(self, timeout: float) -> None:

@@ -9,12 +9,45 @@ either lands in the caller's memory (``dst``) or is reduced into it
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+import collections
+from typing import Callable, Deque, Dict, List, Optional
 
 from ..protocol.channel import address_range
 
 #: the peer of a receive that takes the first matching send from any rank
 ANY_SOURCE = -1
+
+
+def enqueue(queues: Dict[int, Deque], key: int, item) -> None:
+    """Append ``item`` to the queue of ``key`` (made when it has none)."""
+    q = queues.get(key)
+    if q is None:
+        q = queues[key] = collections.deque()
+    q.append(item)
+
+
+def pop_first(queues: Dict[int, Deque], key: int):
+    """Take the first item of ``key``'s queue; a queue that empties goes.
+
+    Queues keyed by tag or message must not outlive their items: a job that
+    uses a new tag for every message would otherwise keep one empty queue
+    per tag it ever used."""
+    q = queues[key]
+    item = q.popleft()
+    if not q:
+        del queues[key]
+    return item
+
+
+def discard(queues: Dict[int, Deque], key: int, item) -> bool:
+    """Remove ``item`` from ``key``'s queue if it is there (an emptied queue goes)."""
+    q = queues.get(key)
+    if not q or item not in q:
+        return False
+    q.remove(item)
+    if not q:
+        del queues[key]
+    return True
 
 
 class Op:

@@ -34,7 +34,7 @@ from ..protocol.framemac import TAG_SIZE
 from ..protocol.frames import DATA, FLAG_ACK_NOW, FLAG_PASSED, HEADER_SIZE, P2P_FLAG, RELAY, Header, unpack_header
 from .io import POLLIN, POLLOUT
 from .link import Link
-from .messages import InMessage
+from .messages import InMessage, discard, enqueue, pop_first
 from .outcomes import Forward, OpFailed, Relayed, RecvDone
 
 
@@ -88,9 +88,9 @@ class Receiver:
             tag = m.msg
             queue = self.unexpected.get(tag)
             if queue and queue[0].done:
-                self._take_unexpected(queue.popleft(), m)
+                self._take_unexpected(pop_first(self.unexpected, tag), m)
                 return
-            self.p2p_recvs.setdefault(tag, collections.deque()).append(m)
+            enqueue(self.p2p_recvs, tag, m)
         else:
             self.coll_recvs.append(m)
 
@@ -108,15 +108,15 @@ class Receiver:
         queue = self.p2p_recvs.get(tag)
         anyq = self.peer.env.matcher.any_recvs.get(tag)
         if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
-            return self._claim(anyq.popleft())
-        return queue.popleft() if queue else None
+            return self._claim(pop_first(self.peer.env.matcher.any_recvs, tag))
+        return pop_first(self.p2p_recvs, tag) if queue else None
 
     def take_any(self, m: InMessage) -> bool:
         """An any-source receive being posted: take a whole unexpected
         message from this peer, if one waits."""
         queue = self.unexpected.get(m.msg)
         if queue and queue[0].done:
-            self._take_unexpected(queue.popleft(), self._claim(m))
+            self._take_unexpected(pop_first(self.unexpected, m.msg), self._claim(m))
             return True
         return False
 
@@ -129,9 +129,8 @@ class Receiver:
         half-read for it lands in memory the caller gets back now."""
         if m in self.coll_recvs:
             self.coll_recvs.remove(m)
-        for q in self.p2p_recvs.values():
-            if m in q:
-                q.remove(m)
+        if m.msg & P2P_FLAG:
+            discard(self.p2p_recvs, m.msg, m)
         if self.cur_in is m:
             self.cur_in = None
         for link in self.peer.links:
@@ -419,13 +418,14 @@ class Receiver:
             raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
         matcher = peer.env.matcher
         if hdr.msg & P2P_FLAG:
-            queue = self.p2p_recvs.get(hdr.msg)
+            queues = self.p2p_recvs
+            queue = queues.get(hdr.msg)
             anyq = matcher.any_recvs.get(hdr.msg)
             if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
-                queue = anyq  # posted first: an any-source receive takes it
+                queue, queues = anyq, matcher.any_recvs  # posted first: an any-source receive takes it
                 self._claim(anyq[0])
             if queue:
-                m = queue.popleft()
+                m = pop_first(queues, hdr.msg)
                 if m.nbytes != hdr.arg:
                     raise CollectiveMismatch(
                         f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {hdr.arg} bytes",
@@ -438,7 +438,7 @@ class Receiver:
             u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
             self.unexpected_bytes += hdr.arg
             self.unexpected_count += 1
-            self.unexpected.setdefault(hdr.msg, collections.deque()).append(u)
+            enqueue(self.unexpected, hdr.msg, u)
             return u
         if not self.coll_recvs or self.coll_recvs[0].msg > hdr.msg:
             if hdr.msg <= matcher.coll_started:
@@ -517,7 +517,7 @@ class Receiver:
                 self.cur_in = None
                 taker = self._taker(m.msg)
                 if taker is not None:
-                    self.unexpected[m.msg].remove(m)
+                    discard(self.unexpected, m.msg, m)
                     self._take_unexpected(m, taker)
         else:
             if m.reduce is not None and hdr.length:
