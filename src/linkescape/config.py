@@ -149,6 +149,7 @@ _ENV = {
     "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
+    "LINKESCAPE_MALLOC_TRIM": ("malloc_trim", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
     "LINKESCAPE_AUTH_KEY": ("auth_key", lambda v, n: v),
     "LINKESCAPE_AUTH_KEY_FILE": ("auth_key_file", lambda v, n: v),
     "LINKESCAPE_AUTH": ("auth", lambda v, n: v.strip().lower()),
@@ -220,6 +221,8 @@ class Config:
     tcp_congestion: Optional[str] = None
     socket_buffer: Optional[int] = None
     carrier_watch: bool = True
+    #: give the heap's free pages back to the system after each outage (glibc ``malloc_trim``; engine/heap.py)
+    malloc_trim: bool = True
     #: the job's shared secret (every rank the same); never printed
     auth_key: Optional[str] = field(default=None, repr=False)
     #: a file holding the key (alternative to ``auth_key``)

@@ -38,6 +38,7 @@ from .clock import SYSTEM, Clock
 from .beacon import Beacon
 from .completion import OpTable
 from .io import IoSet, Signal
+from .heap import HeapTrimmer
 from .link import Link
 from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
@@ -62,6 +63,9 @@ TICK_IDLE = 0.04
 WATCH_DEGRADED = 8
 #: seconds between two searches for a relay for a peer without a path
 RELAY_RETRY = 0.5
+#: events that end an outage: what it made the rank hold has been freed, so
+#: the heap is trimmed (by Recovery, at most once a second: engine/heap.py)
+OUTAGE_ENDS = frozenset({"link_up", "failback", "relay_off"})
 
 
 class Engine:
@@ -76,8 +80,9 @@ class Engine:
         self.io = IoSet()
         #: whoever drives progress runs these under the lock (``call_soon``)
         self._soon: "collections.deque" = collections.deque()
-        #: wakes Recovery (a link went down, a peer's NIC came back)
+        #: wakes Recovery (a link went down, a peer's NIC came back, a heap trim is wanted)
         self.recovery_signal = Signal()
+        self.heap = HeapTrimmer(config.malloc_trim)
         self.policy = PathPolicy(primary=0, holddown=config.failback_holddown, stripe=config.policy == "stripe")
         #: our rails without carrier; every frame carries the word (level state)
         self.rail_word = RailWord()
@@ -403,6 +408,8 @@ class Engine:
 
     # ------------------------------------------------------------ services
     def emit(self, event: str, peer: int, rail: int, cause: Optional[str], **extra) -> None:
+        if event in OUTAGE_ENDS and self.heap.request():
+            self.recovery_signal.set()  # Recovery gives the outage's freed heap back (engine/heap.py)
         if self.events is not None:
             try:
                 self.events.emit(event, peer=peer, rail=rail, cause=cause, **extra)

@@ -196,6 +196,7 @@ class Recovery:
             if self.acceptor.fileno() in ready:
                 self._accept()
             now = self.clock.now()
+            self.engine.heap.run(now)
             self._advance_dials(ready, now)
             self._advance_probes(ready, now)
             self._start_dials(now)
@@ -216,6 +217,9 @@ class Recovery:
         for peer in self.engine.probes_wanted():
             at = self._probed.get(peer, -PROBE_INTERVAL) + PROBE_INTERVAL
             due = at if due is None else min(due, at)
+        trim = self.engine.heap.due()  # an outage ended: its freed heap goes back (engine/heap.py)
+        if trim is not None:
+            due = trim if due is None else min(due, trim)
         return due
 
     # ------------------------------------------------------------ re-dialing

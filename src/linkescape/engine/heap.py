@@ -1,0 +1,96 @@
+"""Giving freed heap memory back to the system once an outage is over.
+
+While a path is down a rank holds what it may have to send again (replay),
+frames that arrived out of order (the stash) and frames it relays for others;
+all of it is freed once the path is back. glibc keeps freed pages in its heaps,
+scattered among live objects, so without help the process's resident memory
+keeps the high-water mark of the worst outage so far, and over a long run of
+faults it climbs: in a chaos soak (4 ranks, every fault kind) about 40 % of a
+rank's RSS was free heap (92 MB resident, 56 MB after ``malloc_trim(0)``,
+which took 3 ms).
+
+So the end of an outage (a link back up, traffic back on a repaired rail)
+asks for a trim, and the recovery thread does it, off the data path, at most
+once every ``MIN_INTERVAL`` seconds. Its cost is one heap walk per outage
+(a few ms for a 100 MB heap), nothing per peer and nothing periodic; a
+healthy job never trims. Not glibc (musl, macOS): nothing happens.
+``LINKESCAPE_MALLOC_TRIM=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from typing import Optional
+
+log = logging.getLogger("linkescape.engine")
+
+#: seconds between two trims, at least (a flapping rail asks many times)
+MIN_INTERVAL = 1.0
+
+_trim = None
+_loaded = False
+
+
+def _load():
+    global _trim, _loaded
+    if not _loaded:
+        _loaded = True
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _trim = libc.malloc_trim
+            _trim.argtypes = [ctypes.c_size_t]
+            _trim.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _trim = None
+    return _trim
+
+
+def available() -> bool:
+    """The C library can give heap memory back (glibc)."""
+    return _load() is not None
+
+
+class HeapTrimmer:
+    """Trims when asked, at most once every ``interval`` seconds; a request
+    that comes sooner waits for ``due``."""
+
+    def __init__(self, enabled: bool = True, interval: float = MIN_INTERVAL) -> None:
+        self.enabled = enabled and available()
+        self.interval = interval
+        self.wanted = False
+        self.last: Optional[float] = None
+        #: trims done (the tests and the metrics read it)
+        self.count = 0
+
+    def request(self) -> bool:
+        """An outage ended; True when the request is new (wake the trimming thread)."""
+        if not self.enabled or self.wanted:
+            return False
+        self.wanted = True
+        return True
+
+    def due(self) -> Optional[float]:
+        """When the wanted trim may run; None when none is wanted."""
+        if not self.wanted:
+            return None
+        return 0.0 if self.last is None else self.last + self.interval
+
+    def run(self, now: float) -> bool:
+        """Trim if one is wanted and due (call from a thread off the data path)."""
+        due = self.due()
+        if due is None or now < due:
+            return False
+        self.wanted = False
+        self.last = now
+        try:
+            _load()(0)
+        except Exception:  # noqa: BLE001 - memory hygiene must never break the rank
+            log.debug("malloc_trim failed", exc_info=True)
+            return False
+        self.count += 1
+        return True
+
+
+__all__ = ["HeapTrimmer", "MIN_INTERVAL", "available"]

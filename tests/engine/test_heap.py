@@ -1,0 +1,88 @@
+"""Heap trimming after an outage (engine/heap.py): asked for by the events
+that end an outage, done at most once a second, off when configured so, and
+it gives free heap pages back to the system (glibc)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from linkescape import Config
+from linkescape.engine import heap
+from linkescape.engine.heap import HeapTrimmer
+from linkescape.testing import raise_first, run_ranks
+
+pytestmark = pytest.mark.skipif(not heap.available(), reason="needs glibc's malloc_trim")
+
+RAILS = ("127.0.0.1", "127.0.0.2")
+
+
+def test_a_request_is_done_once_and_not_sooner_than_the_interval():
+    t = HeapTrimmer(interval=1.0)
+    assert t.due() is None and not t.run(0.0)
+    assert t.request() is True and t.request() is False  # one wake-up for requests that pile up
+    assert t.run(5.0) and t.count == 1 and t.due() is None
+    assert t.request() is True
+    assert t.due() == 6.0 and not t.run(5.5) and t.count == 1  # within the interval: waits
+    assert t.run(6.0) and t.count == 2
+
+
+def test_off_means_never():
+    t = HeapTrimmer(enabled=False)
+    assert t.request() is False and t.due() is None and not t.run(1e9) and t.count == 0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _outage(comm, fragment, wait):
+    r = comm.rank
+    buf = np.full(1 << 16, r + 1, np.float32)
+    comm.all_reduce(buf)
+    eng = comm._engine
+    before = eng.heap.count
+    held = freed = 0
+    keep = None
+    if r == 0 and fragment:
+        # What an outage leaves: frames freed between live ones, so glibc's heap keeps their pages
+        # (below the mmap threshold, which a freed 2 MiB frame raises).
+        big = bytes(1 << 21)
+        del big
+        chunks = [bytes(200_000) for _ in range(300)]
+        rss_full = _rss()
+        keep = chunks[1::2]
+        del chunks  # every other one: 150 holes of 200 kB between live chunks
+        held = _rss()
+        freed = rss_full - held
+    if r == 0:
+        comm.inject_fault(0, "cut")
+    comm.all_reduce(buf)
+    comm.barrier()
+    if r == 0:
+        comm.inject_fault(0, "restore")
+    deadline = time.monotonic() + wait
+    while r == 0 and eng.heap.count == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the link comes back up: an outage ended
+    comm.barrier()
+    after = _rss()
+    del keep
+    return eng.heap.count - before, held, after, freed, float(buf[0])
+
+
+def test_the_end_of_an_outage_gives_the_heap_back():
+    res = raise_first(run_ranks(2, _outage, True, 10.0, rails=RAILS, config=Config(failback_holddown=0.2, timeout=30)))
+    trims, held, after, freed_by_free, value = res[0]
+    assert value == 6.0  # (1 + 2) all-reduced twice
+    assert trims >= 1
+    # 150 x 200 kB freed between live chunks stayed resident (free() gave back little); the trim gave it back
+    assert freed_by_free < 10e6 and held - after > 20e6, (held, after, freed_by_free)
+
+
+def test_no_trim_when_turned_off():
+    cfg = Config(failback_holddown=0.2, timeout=30, malloc_trim=False)
+    res = raise_first(run_ranks(2, _outage, False, 1.5, rails=RAILS, config=cfg))
+    assert res[0][0] == 0
