@@ -20,7 +20,6 @@ healthy job never trims. Not glibc (musl, macOS): nothing happens.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 from typing import Optional
 
@@ -38,8 +37,9 @@ def _load():
     if not _loaded:
         _loaded = True
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _trim = libc.malloc_trim
+            # the process's own symbols (libc's among them); not ctypes.util.find_library,
+            # which runs ldconfig in a subprocess: a start-up cost on every rank
+            _trim = ctypes.CDLL(None).malloc_trim
             _trim.argtypes = [ctypes.c_size_t]
             _trim.restype = ctypes.c_int
         except (OSError, AttributeError):
@@ -61,7 +61,7 @@ class HeapTrimmer:
         self.interval = interval
         self.wanted = False
         self.last: Optional[float] = None
-        #: trims done (the tests and the metrics read it)
+        #: trims done (the tests read it)
         self.count = 0
 
     def request(self) -> bool:
