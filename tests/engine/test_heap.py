@@ -44,6 +44,11 @@ def _outage(comm, fragment, wait):
     buf = np.full(1 << 16, r + 1, np.float32)
     comm.all_reduce(buf)
     eng = comm._engine
+    # the backups open right after start-up (link_up: a trim of its own); let that settle first
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            eng.heap.wanted or not all(l["usable"] for p in comm.snapshot()["peers"].values() for l in p["links"])):
+        time.sleep(0.02)
     before = eng.heap.count
     held = freed = 0
     keep = None
