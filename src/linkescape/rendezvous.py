@@ -248,15 +248,10 @@ class LinkSetup:
                 not force and now - self._flag_at < self.FLAG_INTERVAL):
             return
         self._flag_at = now
-        key = self._flag_key()
-        try:
-            if not store.check([key]):
-                return
-            info = json.loads(_decode(store.get(key)))
-            who, peer = int(info["rank"]), info.get("peer")
-        except Exception as exc:  # noqa: BLE001 - no answer from the store: keep waiting
-            log.debug("rank %d: no word on key mismatches: %s", self.rank, exc)
+        info = self._record(store, self._flag_key(), "key mismatches")
+        if info is None:
             return
+        who, peer = info["rank"], info.get("peer")
         if who == self.rank:
             return
         self._abort = AuthError(f"rank {who} reports through the store that it could not authenticate its link to "
@@ -457,16 +452,23 @@ class LinkSetup:
             log.debug("rank %d: cannot record the start-up failure in the store: %s", self.rank, exc2)
 
     def _check_start_failed(self, store) -> None:
-        key = KEY_START_FAILED.format(job=self.job.decode())
+        info = self._record(store, KEY_START_FAILED.format(job=self.job.decode()), "start-up failures")
+        if info is not None:
+            who = info["rank"]
+            raise RendezvousError(f"rank {who} could not start: {info.get('error')}", missing=[who])
+
+    def _record(self, store, key: str, what: str) -> Optional[dict]:
+        """Another rank's record under ``key`` (a JSON object naming its ``rank``),
+        or None: none yet, or no answer from the store (keep waiting)."""
         try:
             if not store.check([key]):
-                return
+                return None
             info = json.loads(_decode(store.get(key)))
-            who, error = int(info["rank"]), str(info.get("error"))
-        except Exception as exc:  # noqa: BLE001 - no answer from the store: keep waiting
-            log.debug("rank %d: no word on start-up failures: %s", self.rank, exc)
-            return
-        raise RendezvousError(f"rank {who} could not start: {error}", missing=[who])
+            info["rank"] = int(info["rank"])
+            return info
+        except Exception as exc:  # noqa: BLE001
+            log.debug("rank %d: no word on %s: %s", self.rank, what, exc)
+            return None
 
     def _auth_failed(self, exc: AuthError) -> None:
         self._report_auth_failure(exc)
