@@ -34,7 +34,7 @@ def test_the_slope_is_a_least_squares_fit_not_two_points():
     two_points = (last["ranks"][0]["rss_mb"] - first["ranks"][0]["rss_mb"]) / ((last["t"] - first["t"]) / 3600)
     assert abs(two_points - 40.0) > abs(row["rss_mb"]["per_hour"] - 40.0)
     assert tr["parts"][0]["warmup_s"] == 60.0 and row["fitted"] < row["samples"]  # warm-up left out
-    assert tr["flat"] is False and "rss_mb grows" in tr["reasons"][0]  # a 30-min part is judged
+    assert tr["flat"] is False and "rss_mb's floor grows" in tr["reasons"][0]  # a 30-min part is judged
 
 
 def test_flat_within_the_limits_and_short_parts_are_not_judged():
@@ -60,3 +60,36 @@ def test_the_picture_is_written(tmp_path):
     assert paths == [str(tmp_path / "rss.png"), str(tmp_path / "b.png")]
     assert (tmp_path / "rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "rss.png").stat().st_size > 20000
     assert resources.plot([str(tmp_path / "none.png")], [], tr, "nothing") == []
+
+
+def _outages(minutes, leak_per_h=0.0, envelope_per_h=0.0, every=5.0, seed=5):
+    """RSS as a chaos rank's: a floor (what it keeps, plus ``leak_per_h``) and, in 2 samples of 3, an
+    outage's holdings of 0-70 MB on top, whose peaks grow ``envelope_per_h`` (more overlap later in the
+    schedule: not kept, freed when the path is back)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(int(minutes * 60 / every)):
+        t = 1000.0 + i * every
+        h = i * every / 3600.0
+        held = 0.0 if i % 3 == 0 else rng.uniform(0, 70) * (1 + envelope_per_h * h / 70)
+        out.append({"t": t, "part": None, "ranks": [{"rss_mb": 65.0 + leak_per_h * h + rng.uniform(0, 2) + held,
+                                                     "fds": 17 + rng.randint(0, 6), "threads": 6}]})
+    return out
+
+
+def test_outages_on_a_flat_floor_are_flat_and_a_leak_under_them_is_not():
+    flat = resources.trends(_outages(30, envelope_per_h=150.0), [{"part": None}])
+    row = flat["parts"][0]["ranks"][0]
+    assert flat["flat"] is True, flat["reasons"]
+    assert abs(row["floor"]["rss_mb"]["per_hour"]) < 5
+    assert row["rss_mb"]["per_hour"] > 16  # every sample's line: the outages' envelope, not a leak
+    leak = resources.trends(_outages(30, leak_per_h=30.0), [{"part": None}])
+    assert leak["flat"] is False and "rss_mb's floor grows" in leak["reasons"][0]
+    assert leak["parts"][0]["ranks"][0]["floor"]["rss_mb"]["per_hour"] == pytest.approx(30.0, rel=0.25)
+
+
+def test_the_floor_is_each_windows_lowest_sample():
+    t, y = resources.floor([0, 10, 59, 60, 70, 130], [5, 3, 4, 9, 8, 1], window=60)
+    assert (t, y) == ([10, 70, 130], [3, 8, 1])

@@ -425,20 +425,27 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
     if not tr or not tr.get("parts"):
         return
     iv = tr.get("interval_s")
+    win = tr.get("floor_window_s") or 60
     add(f"resources over time (sampled every {iv:.0f} s; least-squares slope per hour after warm-up, RSS MB / fds "
-        f"/ threads):" if iv else "resources over time (slope per hour after warm-up, RSS MB / fds / threads):")
+        f"/ threads, through the floor, each {win:.0f} s's lowest sample [through every sample]; judged: RSS's "
+        f"floor, fds and threads' every sample):" if iv else
+        "resources over time (slope per hour after warm-up, RSS MB / fds / threads, floor [every sample]):")
     for p in tr["parts"]:
         head = f"  part {p['part']} ({p.get('policy') or 'default'})" if p.get("part") else "  every rank"
         cells = []
         for r, row in p["ranks"].items():
-            vals = [row.get(k) for k in ("rss_mb", "fds", "threads")]
-            cells.append(f"rank {r} " + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in vals)
-                         + (f" (RSS {vals[0]['first']:.0f} -> {vals[0]['last']:.0f} MB)" if vals[0] else ""))
+            keys = ("rss_mb", "fds", "threads")
+            fl = [(row.get("floor") or {}).get(k) for k in keys]
+            vals = [row.get(k) for k in keys]
+            cells.append(f"rank {r} " + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in fl)
+                         + " [" + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in vals) + "]"
+                         + (f" (RSS floor {fl[0]['first']:.0f} -> {fl[0]['last']:.0f} MB, samples {vals[0]['min']:.0f}"
+                            f"-{vals[0]['max']:.0f})" if fl[0] and vals[0] else ""))
         add(f"{head}: " + "; ".join(cells) + ("" if p["judged"] else "  (not judged: shorter than "
                                                                         f"{tr['judge_min_s'] / 60:.0f} min)"))
     if tr.get("flat") is not None:
         lim = tr["limits_per_hour"]
-        add(f"  flat (RSS <= {lim['rss_mb']:g} MB/h, fds and threads <= {lim['fds']:g}/h): "
+        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads <= {lim['fds']:g}/h): "
             + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
     if pngs:
         add(f"  picture: {pngs[0]}")
