@@ -202,8 +202,7 @@ def plot(paths: Sequence[str], samples: Sequence[Mapping[str, Any]], tr: Mapping
     mx = tr.get("max_per_hour") or {}
     axes[0].set_ylabel("RSS (MB)")
     axes[0].set_title(title + (f"\nlargest slope: RSS's floor {mx['rss_mb']:+.1f} MB/h, fds {mx['fds']:+.1f}/h, "
-                               f"threads {mx['threads']:+.1f}/h (dashed, after warm-up: RSS through each minute's "
-                               f"lowest sample, fds and threads through every sample)"
+                               f"threads {mx['threads']:+.1f}/h (dashed: the judged lines, after warm-up)"
                                if mx.get("rss_mb") is not None else ""), fontsize=10)
     axes[0].legend(loc="upper left", fontsize=8, ncol=4)
     axes[1].set_ylabel("open fds")
