@@ -20,13 +20,27 @@ RAILS = ("127.0.0.1", "127.0.0.2")
 
 
 def test_a_request_is_done_once_and_not_sooner_than_the_interval():
-    t = HeapTrimmer(interval=1.0)
+    t = HeapTrimmer(interval=1.0, trim=lambda pad: 1)  # (a quick trim: the interval rules)
     assert t.due() is None and not t.run(0.0)
     assert t.request() is True and t.request() is False  # one wake-up for requests that pile up
     assert t.run(5.0) and t.count == 1 and t.due() is None
     assert t.request() is True
     assert t.due() == 6.0 and not t.run(5.5) and t.count == 1  # within the interval: waits
     assert t.run(6.0) and t.count == 2
+
+
+def test_a_slow_trim_spaces_the_next_ones_out():
+    calls = []
+
+    def slow(pad):
+        calls.append(pad)
+        time.sleep(0.03)  # a large heap's trim
+        return 1
+
+    t = HeapTrimmer(interval=1.0, trim=slow)
+    assert t.request() and t.run(10.0) and calls == [0] and t.took >= 0.03
+    assert t.request() and t.due() >= 10.0 + 100 * 0.03  # 3 s: at most 1 % of the time trimming
+    assert not t.run(11.5) and t.run(t.due()) and len(calls) == 2
 
 
 def test_off_means_never():

@@ -11,7 +11,9 @@ which took 3 ms).
 
 So the end of an outage (a link back up, traffic back on a repaired rail)
 asks for a trim, and the recovery thread does it, off the data path, at most
-once every ``MIN_INTERVAL`` seconds. Its cost is one heap walk per outage
+once every ``MIN_INTERVAL`` seconds, and no sooner than ``COST_FACTOR`` times
+the last trim's duration (a training process with a heap of gigabytes trims
+less often than a small one). Its cost is one heap walk per outage
 (a few ms for a 100 MB heap), nothing per peer and nothing periodic; a
 healthy job never trims. Not glibc (musl, macOS): nothing happens.
 ``LINKESCAPE_MALLOC_TRIM=0`` turns it off.
@@ -21,12 +23,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Optional
 
 log = logging.getLogger("linkescape.engine")
 
 #: seconds between two trims, at least (a flapping rail asks many times)
 MIN_INTERVAL = 1.0
+#: ... and at least this many times the last trim's duration: a process with a large
+#: heap (a training job's), whose trim takes longer, trims less often (<= 1 % of the time)
+COST_FACTOR = 100.0
 
 _trim = None
 _loaded = False
@@ -56,9 +62,12 @@ class HeapTrimmer:
     """Trims when asked, at most once every ``interval`` seconds; a request
     that comes sooner waits for ``due``."""
 
-    def __init__(self, enabled: bool = True, interval: float = MIN_INTERVAL) -> None:
-        self.enabled = enabled and available()
+    def __init__(self, enabled: bool = True, interval: float = MIN_INTERVAL, trim=None) -> None:
+        self._fn = trim or _load()
+        self.enabled = enabled and self._fn is not None
         self.interval = interval
+        #: the last trim's duration (seconds): the next waits COST_FACTOR times that, at least
+        self.took = 0.0
         self.wanted = False
         self.last: Optional[float] = None
         #: trims done (the tests read it)
@@ -75,7 +84,7 @@ class HeapTrimmer:
         """When the wanted trim may run; None when none is wanted."""
         if not self.wanted:
             return None
-        return 0.0 if self.last is None else self.last + self.interval
+        return 0.0 if self.last is None else self.last + max(self.interval, COST_FACTOR * self.took)
 
     def run(self, now: float) -> bool:
         """Trim if one is wanted and due (call from a thread off the data path)."""
@@ -84,11 +93,14 @@ class HeapTrimmer:
             return False
         self.wanted = False
         self.last = now
+        t = time.perf_counter()
         try:
-            _load()(0)
+            self._fn(0)
         except Exception:  # noqa: BLE001 - memory hygiene must never break the rank
             log.debug("malloc_trim failed", exc_info=True)
             return False
+        finally:
+            self.took = time.perf_counter() - t
         self.count += 1
         return True
 
