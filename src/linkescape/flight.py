@@ -227,19 +227,7 @@ class FlightRecorder:
         if err is None:
             if op.collective and op.seq > self.coll_done:
                 self.coll_done = op.seq
-            name = op.name
-            t = self._tally.get(name)
-            if t is None:
-                t = self._tally[name] = [0, 0, 0.0]
-            t[0] += 1
-            sig = s.sig
-            if len(sig) > 1:
-                try:
-                    t[1] += self._itemsize[sig[0]] * sig[1]
-                except (KeyError, TypeError):
-                    t[1] += self._nbytes(sig)
-            if now > s.posted:
-                t[2] += now - s.posted
+            self._count(op.name, s.sig, s.posted, now, None)
             return
         peers = getattr(err, "peers", None)
         waiting = sorted(peers) if peers else _waiting_on(op)
