@@ -21,7 +21,7 @@ is fitted through those. Under faults a rank's RSS is what it keeps plus what
 the outage of the moment holds (replay, stash, relayed frames: bounded by
 configuration, freed when the path is back): never less, often tens of MB
 more, from one sample to the next. Through every sample, a 30-minute part's
-line has a standard error of 7-10 MB/h (measured, seeds 61 and 83), so a flat
+line has a standard error of 7-8 MB/h (measured, seeds 61 and 83; the floor's 1.4-3.9), so a flat
 rank fails a 16 MB/h limit now and then, and one that keeps 15 MB/h may pass;
 what a rank keeps shows between outages, in the floor, whose scatter is a few
 MB. Descriptors swing both ways around the healthy count (links closed while
