@@ -50,7 +50,7 @@ def test_each_part_is_fitted_on_its_own_and_a_leak_of_fds_is_found():
     tr = resources.trends(s, [{"part": 1, "policy": "active-backup"}, {"part": 2, "policy": "stripe"}])
     assert [p["policy"] for p in tr["parts"]] == ["active-backup", "stripe"]
     assert all(p["ranks"][0]["fds"]["per_hour"] == pytest.approx(6.0, rel=0.2) for p in tr["parts"])
-    assert tr["flat"] is False and any("fds grows" in r for r in tr["reasons"])
+    assert tr["flat"] is False and any("fds (robust line) grows" in r for r in tr["reasons"])
 
 
 def test_the_picture_is_written(tmp_path):
@@ -93,3 +93,43 @@ def test_outages_on_a_flat_floor_are_flat_and_a_leak_under_them_is_not():
 def test_the_floor_is_each_windows_lowest_sample():
     t, y = resources.floor([0, 10, 59, 60, 70, 130], [5, 3, 4, 9, 8, 1], window=60)
     assert (t, y) == ([10, 70, 130], [3, 8, 1])
+
+
+def _counts(minutes, leak_every_s=None, every=5.0, healthy=23, seed=83):
+    """fds as a chaos rank's: the healthy count at every quiet moment, bursts of links down (1-6 fewer)
+    in 2 samples of 5, more of them in the first half of the part (a schedule's faults are not spread
+    evenly), now and then a dial in flight (one more); plus one descriptor kept every ``leak_every_s``."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    n = int(minutes * 60 / every)
+    for i in range(n):
+        t = 1000.0 + i * every
+        burst = rng.random() < (0.6 if i < n // 2 else 0.2)
+        fds = healthy - (rng.randint(1, 6) if burst else 0) + (rng.random() < 0.05)
+        if leak_every_s:
+            fds += int(i * every // leak_every_s)
+        out.append({"t": t, "part": None, "ranks": [{"rss_mb": 65.0, "fds": fds, "threads": 6}]})
+    return out
+
+
+def test_a_count_that_swings_in_bursts_is_flat_and_one_that_steps_up_is_not():
+    swings = resources.trends(_counts(30), [{"part": None}])
+    row = swings["parts"][0]["ranks"][0]
+    assert row["fds"]["per_hour"] > 2.0  # least squares follows when the bursts fell (as in the hour at seed 83)
+    assert row["robust"]["fds"]["per_hour"] == 0.0 and swings["flat"] is True, swings["reasons"]
+    leak = resources.trends(_counts(30, leak_every_s=300), [{"part": None}])  # 12 descriptors an hour
+    assert leak["flat"] is False and "fds (robust line) grows" in leak["reasons"][0]
+    assert leak["parts"][0]["ranks"][0]["robust"]["fds"]["per_hour"] == pytest.approx(12.0, rel=0.25)
+    slow = resources.trends(_counts(30, leak_every_s=900), [{"part": None}])  # 4 an hour: 2 steps in the part
+    assert slow["flat"] is False
+
+
+def test_the_robust_line_is_the_median_pairwise_slope_and_long_series_are_thinned():
+    t = [i * 3600.0 for i in range(7)]
+    assert resources.robust(t, [1, 2, 3, 100, 5, 6, 7])["per_hour"] == pytest.approx(1.0)  # one outlier is not a trend
+    assert resources.robust(t[:2], [1, 2]) is None
+    n = resources.ROBUST_MAX_SAMPLES * 3
+    long = resources.robust([i * 5.0 for i in range(n)], [7 + i * 5.0 / 3600 * 4 for i in range(n)])
+    assert long["n"] == resources.ROBUST_MAX_SAMPLES and long["per_hour"] == pytest.approx(4.0)

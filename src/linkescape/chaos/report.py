@@ -35,9 +35,10 @@ DEFINITIONS = {
     "relays": "relay_on -> relay_off per rank and peer from the event trails; time relayed per pair of hosts "
               "(both directions merged); cross set-up: the cross fault applied -> the pair's first relay_on, for "
               "crosses a relay could bridge",
-    "resources": "every rank's RSS, open fds and OS threads read from /proc every few seconds; slope per hour from "
-                 "a least-squares fit over the samples after warm-up, per part (new processes); judged flat only "
-                 "for parts of 10 min or more",
+    "resources": "every rank's RSS, open fds and OS threads read from /proc every few seconds; slope per hour "
+                 "after warm-up, per part (new processes): RSS's by least squares through each minute's lowest "
+                 "sample, fds' and threads' the median slope between every two samples (Theil-Sen); judged flat "
+                 "only for parts of 10 min or more",
     "noise": "a judged step violates its bound when its stall exceeds the bound + the run's noise allowance: the "
              "1 - 1/N quantile (N judged steps; at least p99, at most the maximum) of the same run's baseline "
              f"stalls (no fault near; counted once {analysis.MIN_BASELINE} baseline steps measure it), what "
@@ -424,18 +425,19 @@ def _relays(rel: Optional[Mapping[str, Any]], no_path: Optional[Mapping[str, Any
 def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
     if not tr or not tr.get("parts"):
         return
+    from . import resources
     iv = tr.get("interval_s")
     win = tr.get("floor_window_s") or 60
-    add(f"resources over time (sampled every {iv:.0f} s; least-squares slope per hour after warm-up, RSS MB / fds "
-        f"/ threads, through the floor, each {win:.0f} s's lowest sample [through every sample]; judged: RSS's "
-        f"floor, fds and threads' every sample):" if iv else
-        "resources over time (slope per hour after warm-up, RSS MB / fds / threads, floor [every sample]):")
+    add(f"resources over time (sampled every {iv:.0f} s; slope per hour after warm-up, RSS MB / fds / threads: "
+        f"judged = RSS through its floor (each {win:.0f} s's lowest sample), fds and threads' robust (median "
+        f"pairwise) slope through every sample [least squares through every sample]):" if iv else
+        "resources over time (slope per hour after warm-up, RSS MB / fds / threads, judged [every sample]):")
     for p in tr["parts"]:
         head = f"  part {p['part']} ({p.get('policy') or 'default'})" if p.get("part") else "  every rank"
         cells = []
         for r, row in p["ranks"].items():
             keys = ("rss_mb", "fds", "threads")
-            fl = [(row.get("floor") or {}).get(k) for k in keys]
+            fl = [resources.judged_line(row, k) for k in keys]
             vals = [row.get(k) for k in keys]
             cells.append(f"rank {r} " + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in fl)
                          + " [" + " / ".join("-" if v is None else f"{v['per_hour']:+.1f}" for v in vals) + "]"
@@ -445,7 +447,7 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
                                                                         f"{tr['judge_min_s'] / 60:.0f} min)"))
     if tr.get("flat") is not None:
         lim = tr["limits_per_hour"]
-        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads <= {lim['fds']:g}/h): "
+        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads' robust lines <= {lim['fds']:g}/h): "
             + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
     if pngs:
         add(f"  picture: {pngs[0]}")
