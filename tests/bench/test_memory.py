@@ -98,3 +98,18 @@ def test_usage_errors_name_the_option():
     assert result.exit_code == 2 and "--memory" in result.output
     result = CliRunner().invoke(bench, ["--memory", "quick", "--memory-scale", "0"])
     assert result.exit_code == 2 and "--memory-scale" in result.output
+
+
+def test_a_healthy_case_beside_a_cut_case_runs_on_loopback(tmp_path):
+    """``--memory all`` mixes both: with a testbed up for the cut cases, a healthy case's ranks (run
+    outside the namespaces) were handed the testbed's rail names and could not start."""
+    from linkescape.bench.memory import run_memory
+    from linkescape.testbed.pytest_fixtures import require_testbed
+
+    require_testbed()
+    cases = [sized(Case(nbytes=64 << 10), 0.02), sized(Case(nbytes=64 << 10, condition="cuts"), 0.05)]
+    lines = []
+    records = run_memory(cases, json_path=str(tmp_path / "m.jsonl"), echo=lines.append)
+    assert [r["case"] for r in records] == [c.name for c in cases], lines
+    assert all(r["wrong"] == 0 for r in records)
+    assert records[1]["runs"]["fresh"]["cut_cycles"] >= 1  # the cut case ran on the testbed, under cuts

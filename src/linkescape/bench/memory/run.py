@@ -69,7 +69,8 @@ def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: 
     if case.condition == "cuts" and tb is None:
         raise MemoryBenchError(f"{case.name}: cuts need a testbed")
     spec = json.dumps(dataclasses.asdict(case))
-    job_env = {"LINKESCAPE_RAILS": ",".join(tb.rail_nics) if tb is not None else LOOPBACK_RAILS,
+    on_testbed = case.condition == "cuts"  # healthy cases run on loopback even when a testbed exists
+    job_env = {"LINKESCAPE_RAILS": ",".join(tb.rail_nics) if on_testbed else LOOPBACK_RAILS,
                "LINKESCAPE_POLICY": case.policy, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if case.condition == "cuts":
         job_env["LINKESCAPE_FAILBACK_HOLDDOWN_MS"] = str(HOLDDOWN_MS)
@@ -80,7 +81,7 @@ def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: 
     try:
         workdir = tempfile.mkdtemp(prefix="linkescape-mem-")
         job = RankJob(_commands(case, buffers, world, spec, keep_every, os.path.join(workdir, "store")),
-                      tb=tb if case.condition == "cuts" else None, env=job_env, workdir=workdir)
+                      tb=tb if on_testbed else None, env=job_env, workdir=workdir)
         job._own_dir = True  # removed at close, as the testbed's Job does
         job.wait(lambda: all(job.records_of(r, "ready") for r in range(world)), 180, "every rank ready")
         if case.condition == "cuts":
