@@ -738,9 +738,13 @@ class PeerChannel:
                    for link in self.links)
 
     def receiving(self) -> bool:
-        """A frame is half read on one of our links (its sender waits for us to read on)."""
+        """A frame is half read on one of our links (its sender waits for us to read on). A parked
+        DATA frame is not: it waits for a receive to be posted (by a caller, who drives it then, or
+        by an async op, which is work of its own) or for a frame such a receive needs first, and the
+        timers read a long-parked one into the stash. (A parked RELAY frame waits for the relay's
+        window, which acknowledgements on other links open: that is work.)"""
         for link in self.links:
-            if link is not None and link.hdr is not None:
+            if link is not None and link.hdr is not None and not (link.parked and link.hdr.kind == DATA):
                 return True
         return False
 
