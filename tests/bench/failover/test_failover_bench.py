@@ -109,6 +109,30 @@ def test_cli_options_and_rails_count():
     assert res.exit_code != 0 and "nonsense" in res.output
 
 
+def test_peer_detection_is_split_by_whether_the_pair_exchanges_data():
+    from linkescape.bench.failover import analysis
+
+    gb, kb = 3 << 30, 40 << 10
+    # recursive halving on 4 ranks: 0-1, 0-2, 1-3, 2-3 carry the data; 0-3 and 1-2 probes only
+    busy = {(0, 1), (0, 2), (1, 3), (2, 3)}
+    pair_bytes = {r: {p: (gb if (min(r, p), max(r, p)) in busy else kb) for p in range(4) if p != r}
+                  for r in range(4)}
+    pair_bytes[3][0] = 0  # one end's count missing: the other end's counts
+    pairs = analysis.data_pairs(pair_bytes, 4)
+    assert pairs == {frozenset(p) for p in busy}
+    assert analysis.data_pairs({}, 4) is None and analysis.data_pairs({0: {}, 1: {}}, 2) is None
+
+    class F:
+        rank, others, t_cmd, t_rcmd, t_fault, t_eff = 0, [1, 2, 3], 10.0, 20.0, 10.0, 10.0
+
+    events = {p: [{"ts": 10.0 + d, "event": "failover", "peer": 0, "rail": 0}] for p, d in
+              ((1, 0.19), (2, 0.2), (3, 0.41))}
+    out = analysis._peer_detection(events, F, 190.0, pairs)
+    assert set(out["peer_data_ms"]) == {1, 2} and set(out["peer_idle_ms"]) == {3}
+    assert out["peer_idle_ms"][3] == pytest.approx(410.0)
+    assert set(analysis._peer_detection(events, F, 190.0, None)["peer_data_ms"]) == {1, 2, 3}
+
+
 # ----------------------------------------------------------------- testbed
 def _check_series(s, kind, count):
     assert s["faults"] == count
@@ -119,6 +143,7 @@ def _check_series(s, kind, count):
         # every fault was detected on both sides, after the fault command started
         assert f["local_cmd_ms"] is not None and f["local_cmd_ms"] > 0, f
         assert all(v is not None for v in f["peer_ms"].values()), f
+        assert f["peer_data_ms"] == f["peer_ms"] and not f["peer_idle_ms"], f  # 2 hosts: the one pair is busy
         assert f["failback_local_ms"] is not None and f["failback_local_ms"] > 0, f
         if kind == "cut":
             # the peer learns of a cut from the faulty host, which tells it first and then

@@ -22,6 +22,7 @@ SUMMARY = (("detect_local_ms", "local_ms", False), ("detect_local_kernel_ms", "l
            ("detect_local_from_cmd_ms", "local_cmd_ms", False), ("detect_local_all_peers_ms", "local_all_ms", False),
            ("detect_peer_ms", "peer_ms", True), ("detect_peer_kernel_ms", "peer_kernel_ms", True),
            ("detect_peer_all_ms", "peer_all_ms", False), ("peer_minus_local_ms", "peer_minus_local_ms", True),
+           ("detect_peer_data_ms", "peer_data_ms", True), ("detect_peer_idle_ms", "peer_idle_ms", True),
            ("restore90_after_detect_ms", "restore90_after_detect_ms", False),
            ("restore90_after_last_detect_ms", "restore90_after_last_detect_ms", False),
            ("restore90_from_fault_ms", "restore90_from_fault_ms", False),
@@ -33,6 +34,9 @@ SUMMARY = (("detect_local_ms", "local_ms", False), ("detect_local_kernel_ms", "l
            ("ref_gbps", "ref_gbps", False), ("carrier_to_link_down_ms", "carrier_to_link_down_ms", False),
            ("rate_before_ops", "rate_before_ops", False), ("rate_during_ops", "rate_during_ops", False),
            ("rate_ratio", "rate_ratio", False))
+#: a pair exchanges the job's data when its bytes over the run (both directions, every rail) are at
+#: least this share of the busiest pair's; the others carry probes, heartbeats and a final barrier
+DATA_SHARE = 0.01
 #: per-fault values that need a busy baseline before the fault
 _NEEDS_BASELINE = ("restore", "lost", "failback_tput")
 _EVENT_KEYS = ("ts", "rank", "event", "peer", "rail", "cause", "detail")
@@ -113,9 +117,25 @@ class _Fault:
         self.t_det: Optional[float] = None  # the faulty rank's first failover (set by _detection)
 
 
+def data_pairs(pair_bytes: Optional[Dict[int, Dict[int, int]]], world: int) -> Optional[Set[frozenset]]:
+    """The pairs of ranks that exchange the job's data, measured: each rank's bytes to and from each peer
+    at the end of the run (the larger of the two ends' counts), at least :data:`DATA_SHARE` of the busiest
+    pair's. None when no rank reported them (then every pair counts as carrying data)."""
+    if not pair_bytes or not any(pair_bytes.get(r) for r in range(world)):
+        return None
+    both: Dict[frozenset, int] = {}
+    for r in range(world):
+        for p, b in (pair_bytes.get(r) or {}).items():
+            key = frozenset((r, int(p)))
+            both[key] = max(both.get(key, 0), int(b))
+    top = max(both.values(), default=0)
+    return {k for k, b in both.items() if top and b >= DATA_SHARE * top}
+
+
 def analyze_series(raw: dict, st: Settings) -> dict:
     """Per-fault detection, throughput and failback numbers, and their summaries."""
     kind, world, faults = raw["kind"], raw["world"], raw["faults"]
+    pairs = data_pairs(raw.get("pair_bytes"), world)
     events: Dict[int, List[dict]] = raw["events"]
     ctr: Optional[Counters] = raw["counters"]
     rail_bps = parse_rate(st.rate)
@@ -131,7 +151,7 @@ def analyze_series(raw: dict, st: Settings) -> dict:
         # The job's rate: rank 0's completions per second during the fault against the baseline before it.
         out.update(fault_rate(raw.get("dones", {}).get(0, []), f.t_cmd - st.baseline_s, f.t_cmd,
                               f.t_eff + st.rate_settle_s, f.t_rcmd))
-        out.update(_peer_detection(events, f, out["local_ms"]))
+        out.update(_peer_detection(events, f, out["local_ms"], pairs))
         out.update(_causes(events, f, world, st.fault_rail, explained))
         out.update(_failback(events, f))
         out["ref_gbps"] = None
@@ -167,15 +187,20 @@ def _detection(events: Dict[int, List[dict]], f: _Fault, kind: str, st: Settings
     return out
 
 
-def _peer_detection(events: Dict[int, List[dict]], f: _Fault, local_ms: Optional[float]) -> Dict[str, Any]:
-    """Every peer's first failover away from the faulty rank."""
+def _peer_detection(events: Dict[int, List[dict]], f: _Fault, local_ms: Optional[float],
+                    pairs: Optional[Set[frozenset]] = None) -> Dict[str, Any]:
+    """Every peer's first failover away from the faulty rank; split by whether the pair exchanges the
+    job's data (``pairs``: see :func:`data_pairs`; None: all do)."""
     peer_ms, peer_k = {}, {}
     for p in f.others:
         e = first_event(events[p], "failover", f.t_cmd, f.t_rcmd, peer=f.rank)
         peer_ms[p] = ms(e["ts"] - f.t_fault) if e else None
         peer_k[p] = ms(e["ts"] - f.t_eff) if e else None
     vals = list(peer_ms.values())
+    data = {p for p in f.others if pairs is None or frozenset((f.rank, p)) in pairs}
     return {"peer_ms": peer_ms, "peer_kernel_ms": peer_k,
+            "peer_data_ms": {p: v for p, v in peer_ms.items() if p in data},
+            "peer_idle_ms": {p: v for p, v in peer_ms.items() if p not in data},
             "peer_all_ms": max(vals) if vals and all(v is not None for v in vals) else None,
             "peer_minus_local_ms": {p: (v - local_ms) for p, v in peer_ms.items()
                                     if v is not None and local_ms is not None}}

@@ -150,11 +150,13 @@ def run_fault_series(tb, kind: str, st: Settings, log: Log, count: Optional[int]
             kernel = sampler.kernel_events()
         events = {r: list(job.events(r)) for r in range(world)}
         dones = {r: job.dones(r) for r in range(world)}
+        pair_bytes = {r: {int(p): int(b) for p, b in ((job.records_of(r, "links") or [{}])[-1].get("peers")
+                                                        or {}).items()} for r in range(world)}
     finally:
         if sampler is not None:
             sampler.close()
         job.close()
-    return {"kind": kind, "faults": faults, "exits": exits, "events": events, "dones": dones,
+    return {"kind": kind, "faults": faults, "exits": exits, "events": events, "dones": dones, "pair_bytes": pair_bytes,
             "counters": counters, "kernel_events": kernel, "world": world, "hosts": job.hosts,
             "netns": [tb.netns(h) for h in job.hosts], "nic": tb.nic(st.fault_rail), "nbytes": job.nbytes,
             "t_end": rec_end, "policy": st.policy}

@@ -5,7 +5,7 @@ keeps ``--depth`` asynchronous all_reduces in flight until the ranks agree to
 stop (the stop file appears or ``--duration`` passes), checks every result
 bit for bit against a precomputed exact reference, and prints JSON lines:
 ``ready``, ``done`` (per iteration: completion wall time ``t``, ``wrong``),
-``links`` (bytes per rail), ``exit`` (iterations, wrong elements, error).
+``links`` (bytes per rail and per peer), ``exit`` (iterations, wrong elements, error).
 ``--depth 1`` is a plain loop of blocking all_reduces (the rate phases).
 
 The ranks stop together: every iteration carries a tiny companion
@@ -41,6 +41,17 @@ def _rail_bytes(comm) -> list:
         return comm.rail_bytes()
     except Exception:  # noqa: BLE001 - diagnostics only
         return []
+
+
+def _peer_bytes(comm) -> dict:
+    """Bytes sent to and received from each peer over the run, every rail (public API; diagnostics and
+    the analysis's "does this pair exchange the job's data" only)."""
+    try:
+        peers = comm.snapshot()["peers"]
+        return {str(p): sum(int(link["bytes_sent"]) + int(link["bytes_received"]) for link in v["links"])
+                for p, v in peers.items()}
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return {}
 
 
 def run_rank(args) -> int:
@@ -94,7 +105,7 @@ def run_rank(args) -> int:
             if flags[slot][0] > 0:
                 stop = True  # every rank sees the same sum here: all stop after the same iteration
         comm.barrier()
-        say(event="links", rails=_rail_bytes(comm))
+        say(event="links", rails=_rail_bytes(comm), peers=_peer_bytes(comm))
         comm.close()
     except BaseException as exc:  # noqa: BLE001 - reported to the controller
         error = f"{type(exc).__name__}: {exc}"
