@@ -216,7 +216,7 @@ class _KeepAlive:
     flooding in never push a small one out.
     """
 
-    def __init__(self, max_works: int = 1024, max_bytes: int = 8 << 20, small_bytes: int = 4 << 10) -> None:
+    def __init__(self, max_works: int = 64, max_bytes: int = 8 << 20, small_bytes: int = 4 << 10) -> None:
         self.max_works = max_works
         self.max_bytes = max_bytes
         self.small_bytes = small_bytes
