@@ -215,3 +215,22 @@ def test_a_flap_series_with_the_jobs_rate_and_carrier_detection():
     assert sm["carrier_to_link_down_ms"]["n"] == 2 and sm["rate_ratio"]["n"] == 2
     text = fo.format_report(result)
     assert "local carrier event -> link_down" in text and "job rate during the fault" in text
+
+
+def test_idle_links_never_found_are_a_miss_not_unmeasured():
+    from linkescape.bench.failover.report import verdict
+
+    def summ(vals):
+        return fo.summarize(vals)
+
+    def series(data, idle):
+        sm = {k: summ([1.0]) for k in ("detect_local_ms", "detect_peer_ms", "restore90_after_detect_ms")}
+        sm["detect_peer_data_ms"], sm["detect_peer_idle_ms"] = summ(data), summ(idle)
+        return {"summary": sm, "wrong": 0, "hangs": 0, "errors": [], "unexplained_events": []}
+
+    v = verdict({"series": {"blackhole": series([190.0, 195.0], [None, None])}})
+    assert v["blackhole_peer_p99"] is True and v["blackhole_peer_idle_p99"] is False
+    v = verdict({"series": {"blackhole": series([None], [400.0])}})
+    assert v["blackhole_peer_p99"] is False and v["blackhole_peer_idle_p99"] is True
+    v = verdict({"series": {"cut": series([1.0], [])}})
+    assert "cut_peer_idle_p99" not in v  # no idle pair: nothing to judge

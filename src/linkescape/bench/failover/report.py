@@ -19,9 +19,12 @@ def verdict(result: dict) -> Dict[str, Any]:
         loc, peer = sm["detect_local_ms"]["p99"], data["p99"]
         miss_l, miss_p = sm["detect_local_ms"]["missing"], data["missing"]
         out[f"{kind}_local_p99"] = None if loc is None else bool(loc <= t["local_p99"] and not miss_l)
-        out[f"{kind}_peer_p99"] = None if peer is None else bool(peer <= t["peer_p99"] and not miss_p)
-        if idle["p99"] is not None:
-            out[f"{kind}_peer_idle_p99"] = bool(idle["p99"] <= t["peer_idle_p99"] and not idle["missing"])
+        # (every sample missing is a miss, not "not measured")
+        out[f"{kind}_peer_p99"] = None if peer is None and not miss_p else bool(
+            peer is not None and peer <= t["peer_p99"] and not miss_p)
+        if idle["p99"] is not None or idle["missing"]:
+            out[f"{kind}_peer_idle_p99"] = bool(idle["p99"] is not None and idle["p99"] <= t["peer_idle_p99"]
+                                                and not idle["missing"])
         r = sm["restore90_after_detect_ms"]
         out[f"{kind}_restore_p99"] = None if r["p99"] is None else bool(
             r["p99"] <= TARGETS["restore_after_detect"] and not r["missing"])
