@@ -9,8 +9,11 @@ lock handed back and forth, on each rank), for nothing.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from linkescape.config import Config
 from linkescape.testing import raise_first, run_ranks
 
 
@@ -37,3 +40,32 @@ def test_a_parked_frame_is_not_work_for_the_progress_thread():
     results = raise_first(run_ranks(2, _after_each_call, n, rails=("127.0.0.1", "127.0.0.2"), timeout=120))
     assert sum(parked for parked, _ in results) >= 20, results  # the situation happened
     assert all(busy == 0 for _, busy in results), results  # every time, before the fix
+
+
+def _parked_while_idle(comm, rounds):
+    buf = np.ones(1, np.float32)
+    eng = comm._engine
+    stashed = seen = 0
+    for _ in range(rounds):
+        comm.all_reduce(buf)
+        if comm.rank == 1:
+            continue  # rank 1 is already in its next call: its frame is on the way
+        comm._driver.call(lambda: eng.progress_once(0.005))
+        parked = [link for p in eng.peers.values() for link in p.links
+                  if link is not None and link.parked and link.hdr is not None]
+        if not parked:
+            continue
+        seen += 1
+        time.sleep(0.25)  # the caller computes; no call in flight
+        stashed += all(not link.parked for link in parked)
+    return seen, stashed
+
+
+def test_a_frame_parked_while_the_caller_computes_is_read_on_into_the_stash():
+    """Frames behind a parked one (acks, a peer's carrier notice) must get through while the caller
+    is away: the parked frame is stashed after 5 ms, and a timer wakes the progress thread for it
+    (within its 0.1 s wait for callers; the probe budget, slowed here, is not what wakes it)."""
+    seen, stashed = raise_first(run_ranks(2, _parked_while_idle, 30, rails=("127.0.0.1", "127.0.0.2"),
+                                          config=Config(probe_rate=0.5), timeout=120))[0]
+    assert seen >= 5, (seen, stashed)
+    assert stashed == seen, (seen, stashed)

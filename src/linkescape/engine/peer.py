@@ -661,7 +661,7 @@ class PeerChannel:
         stash, the relay's heartbeats and silence, fail-back. Returns (when
         this peer next needs the timers, ``due`` if nothing is sooner;
         outcomes)."""
-        self.receiver.stash_parked(now)
+        due = self.receiver.stash_parked(now, due)
         cfg = self.env.config
         hb = cfg.heartbeat_interval
         engaged = watched or self.engaged()

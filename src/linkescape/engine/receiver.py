@@ -402,12 +402,18 @@ class Receiver:
             self._reading(link, True)
         return True
 
-    def stash_parked(self, now: float) -> None:
-        """(timer) Links parked for longer than STASH_AFTER are read on into the stash."""
+    def stash_parked(self, now: float, due: float) -> float:
+        """(timer) Links parked for longer than STASH_AFTER are read on into the stash; returns when
+        the next parked one will be (``due`` if none is sooner): nothing else wakes the timers for a
+        parked frame while no operation is in flight."""
         for link in self.peer.links:
-            if (link is not None and link.parked and link.hdr is not None and link.mac is None
-                    and now - link.parked_at >= STASH_AFTER):
-                self._to_stash(link)
+            if link is not None and link.parked and link.hdr is not None and link.mac is None:
+                at = link.parked_at + STASH_AFTER
+                if now >= at:
+                    self._to_stash(link)
+                elif at < due:
+                    due = at
+        return due
 
     def _reading(self, link: Link, reading: bool) -> None:
         self.peer.env.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
