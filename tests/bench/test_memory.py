@@ -51,6 +51,37 @@ def test_flat_allows_allocator_noise_and_catches_a_leak_and_a_saw_tooth():
     assert not judge_series([control[0], leak[1]], control, 4 * MiB)["flat"]
 
 
+def test_a_torch_case_noisier_than_its_control_is_judged_against_gloo_on_the_same_fresh_tensors():
+    """Fresh torch tensors bring glibc noise a reused buffer does not show; the reference run (the same
+    calls and tensors on Gloo) shows it. A leak stays a leak whatever the reference."""
+    rng = np.random.default_rng(2)
+    control = [_series(240 * MiB + rng.integers(0, 2 * MiB, 21)) for _ in range(2)]
+    banded = [_series(300 * MiB + rng.integers(0, 24 * MiB, 21)) for _ in range(2)]  # a 4 MiB buffer's holes
+    gloo = [_series(280 * MiB + rng.integers(0, 22 * MiB, 21)) for _ in range(2)]
+    own = judge_series(banded, control, 4 * MiB)
+    assert not own["flat"] and own["reference_allowance"] is None
+    v = judge_series(banded, control, 4 * MiB, reference=gloo)
+    assert v["flat"] and not v["flat_own"]
+    assert v["ranks"][0]["as_reference"] and v["reference_allowance"] == 12 * MiB
+    leak = [_series(300 * MiB + np.arange(21) * 100 * 14_000) for _ in range(2)]
+    v = judge_series(leak, control, 4 * MiB, reference=gloo)
+    assert not v["flat"] and not v["ranks"][0]["as_reference"]
+    # Gloo noisier still does not excuse more than the reference allowance beyond it
+    wild = [_series(300 * MiB + rng.integers(0, 60 * MiB, 21)) for _ in range(2)]
+    assert not judge_series(wild, control, 4 * MiB, reference=gloo)["flat"]
+
+
+def test_a_torch_case_runs_its_reference_on_gloo():
+    pytest.importorskip("torch")
+    case = sized(Case(api="torch", nbytes=64 << 10), 0.02)
+    rec = run_case(case)
+    assert rec["wrong"] == 0
+    assert set(rec["runs"]) == {"reused", "fresh", "gloo"}
+    assert rec["runs"]["gloo"]["backend"] == "gloo" and rec["runs"]["fresh"]["backend"] == "linkescape"
+    assert all(len(s["rss"]) == 21 for s in rec["runs"]["gloo"]["series"])
+    assert "reference" in rec["verdict"]["ranks"][0]
+
+
 def test_the_matrix_covers_every_shape_the_issue_names():
     cases = matrix()
     names = [c.name for c in cases]

@@ -161,9 +161,10 @@ class NumpyCalls:
 
 
 class TorchCalls(NumpyCalls):
-    """The same calls through ``torch.distributed`` on the ``linkescape`` backend, with torch tensors."""
+    """The same calls through ``torch.distributed`` on the ``linkescape`` backend, with torch tensors
+    (or on torch's own ``gloo``: the reference run of a torch case, see :mod:`.run`)."""
 
-    def __init__(self, store: str, rank: int, world: int) -> None:
+    def __init__(self, store: str, rank: int, world: int, backend: str = "linkescape") -> None:
         import datetime
 
         import torch
@@ -172,11 +173,13 @@ class TorchCalls(NumpyCalls):
         import linkescape.torch  # noqa: F401 - registers the backend
 
         self.torch, self.dist = torch, dist
-        dist.init_process_group("linkescape", init_method=f"file://{store}.torch", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"file://{store}.torch", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
-        from linkescape.torch import get_communicator
+        self.comm = None
+        if backend == "linkescape":
+            from linkescape.torch import get_communicator
 
-        self.comm = get_communicator()
+            self.comm = get_communicator()
         self.rank, self.world = rank, world
         self._bases: dict = {}
 
@@ -270,7 +273,12 @@ def run(args: argparse.Namespace) -> int:
     case = Case(**json.loads(args.case))
     error = None
     try:
-        calls = (TorchCalls if case.api == "torch" else NumpyCalls)(args.store, args.rank, args.world)
+        if case.api == "torch":
+            calls = TorchCalls(args.store, args.rank, args.world, backend=args.backend)
+        elif args.backend != "linkescape":
+            raise ValueError(f"--backend {args.backend}: only the torch cases run on another backend")
+        else:
+            calls = NumpyCalls(args.store, args.rank, args.world)
         values = Values(case, args.world, args.rank)
         loop = Loop(case, calls, values, fresh=args.buffers == "fresh", keep_every=args.keep_every)
         say(event="ready", rank=args.rank, pid=os.getpid())
@@ -306,6 +314,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--store", required=True)
     ap.add_argument("--case", required=True, help="the Case as JSON")
     ap.add_argument("--buffers", choices=("fresh", "reused"), required=True)
+    ap.add_argument("--backend", choices=("linkescape", "gloo"), default="linkescape",
+                    help="torch cases: the process group's backend (gloo: the reference run)")
     ap.add_argument("--keep-every", type=int, default=0,
                     help="keep every Nth operation's input alive (a leak on purpose)")
     args = ap.parse_args(argv)

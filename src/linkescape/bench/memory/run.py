@@ -64,15 +64,22 @@ class Cutter:
 
 
 def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: int = 0,
-              timeout: float = 900.0, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """One run of ``case`` on ``buffers`` (fresh or reused): every rank's series, the cut cycles, the wall time."""
-    if case.condition == "cuts" and tb is None:
+              timeout: float = 900.0, env: Optional[Dict[str, str]] = None,
+              backend: str = "linkescape") -> Dict[str, Any]:
+    """One run of ``case`` on ``buffers`` (fresh or reused): every rank's series, the cut cycles, the wall time.
+
+    ``backend="gloo"`` (torch cases): the same calls on torch's Gloo over loopback, no cuts (Gloo has no
+    second rail to fail over to); what fresh tensors cost a job under the library it replaces."""
+    if case.condition == "cuts" and tb is None and backend == "linkescape":
         raise MemoryBenchError(f"{case.name}: cuts need a testbed")
     spec = json.dumps(dataclasses.asdict(case))
-    on_testbed = case.condition == "cuts"  # healthy cases run on loopback even when a testbed exists
+    # healthy cases, and the reference runs, are on loopback even when a testbed exists
+    on_testbed = case.condition == "cuts" and backend == "linkescape"
     job_env = {"LINKESCAPE_RAILS": ",".join(tb.rail_nics) if on_testbed else LOOPBACK_RAILS,
                "LINKESCAPE_POLICY": case.policy, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    if case.condition == "cuts":
+    if backend == "gloo":
+        job_env["GLOO_SOCKET_IFNAME"] = "lo"
+    if on_testbed:
         job_env["LINKESCAPE_FAILBACK_HOLDDOWN_MS"] = str(HOLDDOWN_MS)
     job_env.update(env or {})
     t0 = time.monotonic()
@@ -80,11 +87,11 @@ def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: 
     cutter = None
     try:
         workdir = tempfile.mkdtemp(prefix="linkescape-mem-")
-        job = RankJob(_commands(case, buffers, world, spec, keep_every, os.path.join(workdir, "store")),
+        job = RankJob(_commands(case, buffers, world, spec, keep_every, os.path.join(workdir, "store"), backend),
                       tb=tb if on_testbed else None, env=job_env, workdir=workdir)
         job._own_dir = True  # removed at close, as the testbed's Job does
         job.wait(lambda: all(job.records_of(r, "ready") for r in range(world)), 180, "every rank ready")
-        if case.condition == "cuts":
+        if on_testbed:
             cutter = Cutter(tb).start()
         exits = job.finish(timeout, stop=False)
         cycles = cutter.stop() if cutter is not None else 0
@@ -94,7 +101,7 @@ def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: 
         if bad or not all(series):
             raise MemoryBenchError(f"{case.name} ({buffers}): " + "; ".join(
                 f"rank {e['rank']}: {e.get('error')}\n{e.get('stderr', '')[-2000:]}" for e in bad))
-        return {"buffers": buffers, "series": [s[0] for s in series], "cut_cycles": cycles,
+        return {"buffers": buffers, "backend": backend, "series": [s[0] for s in series], "cut_cycles": cycles,
                 "wall_s": time.monotonic() - t0}
     finally:
         if cutter is not None:
@@ -103,19 +110,26 @@ def run_ranks(case: Case, buffers: str, *, world: int = 2, tb=None, keep_every: 
             job.close()
 
 
-def _commands(case: Case, buffers: str, world: int, spec: str, keep_every: int, store: str) -> List[List[str]]:
+def _commands(case: Case, buffers: str, world: int, spec: str, keep_every: int, store: str,
+              backend: str = "linkescape") -> List[List[str]]:
     return [[sys.executable, "-m", "linkescape.bench.memory.rank", "--rank", str(r), "--world", str(world),
-             "--store", store, "--case", spec, "--buffers", buffers, "--keep-every", str(keep_every)]
+             "--store", store, "--case", spec, "--buffers", buffers, "--keep-every", str(keep_every),
+             "--backend", backend]
             for r in range(world)]
 
 
 def run_case(case: Case, *, world: int = 2, tb=None, keep_every: int = 0,
-             env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """The control, then fresh buffers; the case's record with its verdict."""
+             env: Optional[Dict[str, str]] = None, reference: Optional[bool] = None) -> Dict[str, Any]:
+    """The control, then fresh buffers (and, for a torch case, fresh tensors on Gloo: ``reference``,
+    on by default for torch cases); the case's record with its verdict."""
     runs = {b: run_ranks(case, b, world=world, tb=tb, keep_every=keep_every if b == "fresh" else 0, env=env)
             for b in ("reused", "fresh")}
+    if reference is None:
+        reference = case.api == "torch"
+    if reference:
+        runs["gloo"] = run_ranks(case, "fresh", world=world, env=env, backend="gloo")
     fits = {b: [fit(s["ops"], s["rss"]) for s in runs[b]["series"]] for b in runs}
-    verdict = judge(fits["fresh"], fits["reused"], case.step_bytes(world))
+    verdict = judge(fits["fresh"], fits["reused"], case.step_bytes(world), reference=fits.get("gloo"))
     wrong = sum(s["wrong"] for b in runs for s in runs[b]["series"])
     return {"case": case.name, **dataclasses.asdict(case), "world_size": world, "keep_every": keep_every,
             "step_bytes": case.step_bytes(world), "flat": verdict["flat"] and wrong == 0, "wrong": wrong,
@@ -125,7 +139,7 @@ def run_case(case: Case, *, world: int = 2, tb=None, keep_every: int = 0,
 # ---------------------------------------------------------------- the table
 COLUMNS = ("case", "ops", "fresh RSS warm -> end (MiB)", "fresh slope (MiB/1k ops)", "fresh band (MiB)",
            "control RSS warm -> end (MiB)", "control slope (MiB/1k ops)", "control band (MiB)",
-           "allowance (MiB)", "s/run", "verdict")
+           "gloo fresh warm -> end (MiB)", "gloo fresh band (MiB)", "allowance (MiB)", "s/run", "verdict")
 
 
 def row(rec: Dict[str, Any]) -> List[str]:
@@ -133,13 +147,20 @@ def row(rec: Dict[str, Any]) -> List[str]:
     w = v["ranks"][v["worst_rank"]]
     f, c = w["fresh"], w["control"]
     secs = max(s["seconds"] + s["warmup_seconds"] for s in rec["runs"]["fresh"]["series"])
-    verdict = "flat" if rec["flat"] else ("WRONG RESULTS" if rec["wrong"] else "GROWS")
+    if rec["wrong"]:
+        verdict = "WRONG RESULTS"
+    elif not rec["flat"]:
+        verdict = "GROWS"
+    else:
+        verdict = "flat" if v["flat_own"] else "as gloo"
+    g = w.get("reference")
+    gloo = [f"{g['warm'] / MiB:.1f} -> {g['end'] / MiB:.1f}", f"{g['band'] / MiB:.1f}"] if g else ["-", "-"]
     if rec["condition"] == "cuts":
         verdict += f" ({rec['runs']['fresh']['cut_cycles']} cuts)"
     return [rec["case"], f"{rec['warmup']}+{rec['ops']}", f"{f['warm'] / MiB:.1f} -> {f['end'] / MiB:.1f}",
             f"{f['slope_per_1k'] / MiB:+.3f}", f"{f['band'] / MiB:.1f}",
             f"{c['warm'] / MiB:.1f} -> {c['end'] / MiB:.1f}", f"{c['slope_per_1k'] / MiB:+.3f}",
-            f"{c['band'] / MiB:.1f}", f"{v['allowance'] / MiB:.0f}", f"{secs:.1f}", verdict]
+            f"{c['band'] / MiB:.1f}", *gloo, f"{v['allowance'] / MiB:.0f}", f"{secs:.1f}", verdict]
 
 
 def table_line(cells: Sequence[str]) -> str:
@@ -158,7 +179,9 @@ def header_lines(command: str, world: int) -> List[str]:
             f"unshaped rails, host 0 rail 0 cut {CUT_S:g} s every {CUT_S + RESTORED_S:g} s, hold-down "
             f"{HOLDDOWN_MS} ms",
             "# RSS of the worst rank, sampled 20 times after the warm-up; slope: least squares; band: max - min; "
-            "flat: fresh rise - control rise <= allowance and fresh band <= control band + allowance",
+            "flat: fresh rise - control rise <= allowance and fresh band <= control band + allowance; "
+            "torch cases: 'as gloo' when not, but within the reference allowance of the same fresh tensors on "
+            "gloo (loopback, no cuts)",
             table_line(COLUMNS), table_line(["---"] * len(COLUMNS))]
 
 
@@ -189,7 +212,9 @@ def run_memory(cases: Sequence[Case], *, json_path: Optional[str] = None, echo: 
 
             release(tb)
     flat = sum(1 for r in records if r["flat"])
-    echo(f"# {flat} of {len(records)} cases flat")
+    as_gloo = sum(1 for r in records if r["flat"] and not r["verdict"]["flat_own"])
+    echo(f"# {flat} of {len(records)} cases flat" + (f" ({as_gloo} of them as gloo: by the reference run on "
+                                                      f"the same fresh tensors, not by the control)" if as_gloo else ""))
     return records
 
 
