@@ -45,8 +45,10 @@ def rss() -> int:
 class Values:
     """The inputs of every call and the exact value of every result element."""
 
-    def __init__(self, case: Case, world: int, rank: int) -> None:
+    def __init__(self, case: Case, world: int, rank: int, nonroot_reduce: bool = True) -> None:
         self.case, self.w, self.r = case, world, rank
+        #: a non-root rank of reduce keeps its input (linkescape); Gloo leaves partial sums there
+        self.nonroot_reduce = nonroot_reduce
         n = max(1, case.nbytes // 4)
         self.m = max(1, n // world)
         self.base1 = (np.arange(n) % 251).astype(np.float32)  # the whole buffer
@@ -86,7 +88,7 @@ class Values:
         if k == "all_reduce" or (k == "reduce" and r == root):
             return w, 0, w * c + s
         if k == "reduce":
-            return 1, 0, c + r
+            return (1, 0, c + r) if self.nonroot_reduce else None
         if k == "broadcast":
             return 1, 0, c + root
         if k == "all_gather" or (k == "gather" and r == root):
@@ -279,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--backend {args.backend}: only the torch cases run on another backend")
         else:
             calls = NumpyCalls(args.store, args.rank, args.world)
-        values = Values(case, args.world, args.rank)
+        values = Values(case, args.world, args.rank, nonroot_reduce=args.backend == "linkescape")
         loop = Loop(case, calls, values, fresh=args.buffers == "fresh", keep_every=args.keep_every)
         say(event="ready", rank=args.rank, pid=os.getpid())
         ops, rss_, ring = [], [], []

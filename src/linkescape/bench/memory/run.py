@@ -153,7 +153,8 @@ def row(rec: Dict[str, Any]) -> List[str]:
         verdict = "GROWS"
     else:
         verdict = "flat" if v["flat_own"] else "as gloo"
-    g = w.get("reference")
+    refs = [d["reference"] for d in v["ranks"] if "reference" in d]
+    g = max(refs, key=lambda x: x["band"]) if refs else None  # the reference's worst rank
     gloo = [f"{g['warm'] / MiB:.1f} -> {g['end'] / MiB:.1f}", f"{g['band'] / MiB:.1f}"] if g else ["-", "-"]
     if rec["condition"] == "cuts":
         verdict += f" ({rec['runs']['fresh']['cut_cycles']} cuts)"

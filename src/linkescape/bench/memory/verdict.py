@@ -24,15 +24,15 @@ A rank is **flat** when ``rise(fresh) - rise(control) <= allowance`` and
 is. The report keeps the worst rank's numbers.
 
 The torch cases also have a **reference**: the same calls on the same fresh
-tensors through torch's Gloo. A reused buffer shows what the allocator does
-when nothing is allocated; fresh torch tensors bring their own noise (glibc
-serves each from holes its threshold and the tensors' small objects leave:
-2 ranks, 10,000 all_reduces of fresh 4 MiB tensors, RSS after warm-up moved
-within 276-293 MiB on linkescape and 278-298 MiB on Gloo). A torch rank that
-is not flat by its control is **as gloo** when its rise and band exceed the
-reference's by at most ``BASE_ALLOWANCE`` plus one step's fresh bytes; such a
-case counts as flat and the table says which it was (``flat_own``: by the
-control alone).
+tensors through torch's Gloo (loopback, no cuts). A reused buffer shows what
+the allocator does when nothing is allocated; fresh torch tensors bring noise
+of their own, under either library (glibc serves each from holes that its
+moving mmap threshold and the tensors' small objects leave): in the torch rows
+of 2026-12-03, Gloo's fresh runs had bands of 0-96 MiB and rises of up to
+88 MiB over 2,500 calls. A torch case that is not flat by its control is
+**as gloo** when its worst rank's rise and band exceed the reference's worst
+rank's by at most the same allowance; such a case counts as flat, and the
+table says which it was (``flat_own``: by the control alone).
 """
 
 from __future__ import annotations
@@ -62,36 +62,32 @@ def fit(ops: Sequence[int], rss: Sequence[int]) -> Dict[str, float]:
             "warm": float(y[0]), "end": float(y[-1]), "peak": float(y.max()), "span": span, "samples": len(x)}
 
 
-def reference_allowance(step_bytes: int) -> int:
-    """How far a run may exceed the reference run of the same fresh buffers on Gloo."""
-    return BASE_ALLOWANCE + int(step_bytes)
-
-
 def judge(fresh: Sequence[Dict[str, Any]], control: Sequence[Dict[str, Any]], step_bytes: int,
           reference: Optional[Sequence[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """The verdict of a case from each rank's fitted ``fresh`` and ``control`` series (same rank order),
     and the ``reference`` (the same fresh buffers on Gloo) where there is one."""
     allow = allowance(step_bytes)
-    ref_allow = reference_allowance(step_bytes)
     ranks: List[Dict[str, Any]] = []
     for r, (f, c) in enumerate(zip(fresh, control)):
         excess_rise = f["rise"] - c["rise"]
         excess_band = f["band"] - c["band"]
         own = excess_rise <= allow and excess_band <= allow
         d = {"rank": r, "fresh": f, "control": c, "excess_rise": excess_rise, "excess_band": excess_band,
-             "flat_own": own, "flat": own}
+             "flat_own": own}
         if reference is not None:
-            g = reference[r]
-            d["reference"] = g
-            d["over_reference_rise"] = f["rise"] - g["rise"]
-            d["over_reference_band"] = f["band"] - g["band"]
-            d["as_reference"] = d["over_reference_rise"] <= ref_allow and d["over_reference_band"] <= ref_allow
-            d["flat"] = own or d["as_reference"]
+            d["reference"] = reference[r]
         ranks.append(d)
     worst = max(ranks, key=lambda d: max(d["excess_rise"], d["excess_band"]))
-    return {"flat": all(d["flat"] for d in ranks), "flat_own": all(d["flat_own"] for d in ranks),
-            "allowance": allow, "reference_allowance": ref_allow if reference is not None else None,
-            "worst_rank": worst["rank"], "ranks": ranks}
+    flat_own = all(d["flat_own"] for d in ranks)
+    out = {"flat": flat_own, "flat_own": flat_own, "allowance": allow, "worst_rank": worst["rank"], "ranks": ranks}
+    if reference is not None:
+        # allocator noise is random per rank and run: the worst rank of each, side by side
+        rise = max(f["rise"] for f in fresh) - max(g["rise"] for g in reference)
+        band = max(f["band"] for f in fresh) - max(g["band"] for g in reference)
+        out.update(over_reference_rise=rise, over_reference_band=band,
+                   as_reference=rise <= allow and band <= allow)
+        out["flat"] = flat_own or out["as_reference"]
+    return out
 
 
 def judge_series(fresh: Sequence[Dict[str, Sequence[int]]], control: Sequence[Dict[str, Sequence[int]]],
@@ -105,4 +101,4 @@ def mib(x: Optional[float]) -> str:
     return "-" if x is None else f"{x / MiB:.1f}"
 
 
-__all__ = ["fit", "judge", "judge_series", "allowance", "reference_allowance", "BASE_ALLOWANCE", "MiB", "mib"]
+__all__ = ["fit", "judge", "judge_series", "allowance", "BASE_ALLOWANCE", "MiB", "mib"]
