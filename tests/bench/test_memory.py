@@ -24,11 +24,14 @@ def _series(values, every=100):
     return {"ops": [i * every for i in range(len(values))], "rss": [int(v) for v in values]}
 
 
-def test_the_fit_gives_slope_rise_and_band():
+def test_the_fit_gives_slope_rise_climb_and_band():
     f = fit([0, 1000, 2000, 3000], [100 * MiB, 101 * MiB, 102 * MiB, 103 * MiB])
     assert f["slope_per_1k"] == pytest.approx(MiB)
     assert f["rise"] == pytest.approx(3 * MiB)
-    assert f["band"] == 3 * MiB
+    assert f["band"] == 3 * MiB and f["climb"] == 3 * MiB
+    # a fall is not a climb: high at the first sample, then settled lower (and one bump of 2 after it)
+    f = fit([0, 1, 2, 3, 4], [190 * MiB, 100 * MiB, 102 * MiB, 100 * MiB, 101 * MiB])
+    assert f["band"] == 90 * MiB and f["climb"] == 2 * MiB
     with pytest.raises(ValueError):
         fit([0, 100], [1, 2])
 
@@ -46,7 +49,7 @@ def test_flat_allows_allocator_noise_and_catches_a_leak_and_a_saw_tooth():
     tooth = [_series(200 * MiB + (np.arange(21) % 4) * (80 / 3) * MiB) for _ in range(2)]
     v = judge_series(tooth, control, 4 * MiB)
     assert v["ranks"][0]["excess_rise"] < v["allowance"]
-    assert not v["flat"] and v["ranks"][0]["excess_band"] > v["allowance"]
+    assert not v["flat"] and v["ranks"][0]["excess_climb"] > v["allowance"]
     # one rank growing is enough
     assert not judge_series([control[0], leak[1]], control, 4 * MiB)["flat"]
 
@@ -66,6 +69,9 @@ def test_a_torch_case_noisier_than_its_control_is_judged_against_gloo_on_the_sam
     leak = [_series(300 * MiB + np.arange(21) * 100 * 14_000) for _ in range(2)]
     v = judge_series(leak, control, 4 * MiB, reference=gloo)
     assert not v["flat"] and not v["as_reference"] and v["over_reference_rise"] > v["allowance"]
+    # a rank that only settles lower after its first sample is flat by its control alone
+    settles = [_series([300 * MiB + (60 * MiB if i == 0 else 0) for i in range(21)]) for _ in range(2)]
+    assert judge_series(settles, control, 4 * MiB)["flat_own"]
     # more than the allowance beyond the reference's worst is not flat either
     wild = [_series(300 * MiB + rng.integers(0, 60 * MiB, 21)) for _ in range(2)]
     assert not judge_series(wild, control, 4 * MiB, reference=gloo)["flat"]

@@ -137,9 +137,9 @@ def run_case(case: Case, *, world: int = 2, tb=None, keep_every: int = 0,
 
 
 # ---------------------------------------------------------------- the table
-COLUMNS = ("case", "ops", "fresh RSS warm -> end (MiB)", "fresh slope (MiB/1k ops)", "fresh band (MiB)",
-           "control RSS warm -> end (MiB)", "control slope (MiB/1k ops)", "control band (MiB)",
-           "gloo fresh warm -> end (MiB)", "gloo fresh band (MiB)", "allowance (MiB)", "s/run", "verdict")
+COLUMNS = ("case", "ops", "fresh RSS warm -> end (MiB)", "fresh slope (MiB/1k ops)", "fresh climb (MiB)",
+           "control RSS warm -> end (MiB)", "control slope (MiB/1k ops)", "control climb (MiB)",
+           "gloo fresh warm -> end (MiB)", "gloo fresh climb (MiB)", "allowance (MiB)", "s/run", "verdict")
 
 
 def row(rec: Dict[str, Any]) -> List[str]:
@@ -154,14 +154,14 @@ def row(rec: Dict[str, Any]) -> List[str]:
     else:
         verdict = "flat" if v["flat_own"] else "as gloo"
     refs = [d["reference"] for d in v["ranks"] if "reference" in d]
-    g = max(refs, key=lambda x: x["band"]) if refs else None  # the reference's worst rank
-    gloo = [f"{g['warm'] / MiB:.1f} -> {g['end'] / MiB:.1f}", f"{g['band'] / MiB:.1f}"] if g else ["-", "-"]
+    g = max(refs, key=lambda x: x["climb"]) if refs else None  # the reference's worst rank
+    gloo = [f"{g['warm'] / MiB:.1f} -> {g['end'] / MiB:.1f}", f"{g['climb'] / MiB:.1f}"] if g else ["-", "-"]
     if rec["condition"] == "cuts":
         verdict += f" ({rec['runs']['fresh']['cut_cycles']} cuts)"
     return [rec["case"], f"{rec['warmup']}+{rec['ops']}", f"{f['warm'] / MiB:.1f} -> {f['end'] / MiB:.1f}",
-            f"{f['slope_per_1k'] / MiB:+.3f}", f"{f['band'] / MiB:.1f}",
+            f"{f['slope_per_1k'] / MiB:+.3f}", f"{f['climb'] / MiB:.1f}",
             f"{c['warm'] / MiB:.1f} -> {c['end'] / MiB:.1f}", f"{c['slope_per_1k'] / MiB:+.3f}",
-            f"{c['band'] / MiB:.1f}", *gloo, f"{v['allowance'] / MiB:.0f}", f"{secs:.1f}", verdict]
+            f"{c['climb'] / MiB:.1f}", *gloo, f"{v['allowance'] / MiB:.0f}", f"{secs:.1f}", verdict]
 
 
 def table_line(cells: Sequence[str]) -> str:
@@ -179,8 +179,9 @@ def header_lines(command: str, world: int) -> List[str]:
             f"# {world} ranks; healthy: loopback rails {LOOPBACK_RAILS}; cuts: a testbed of {world} hosts x 2 "
             f"unshaped rails, host 0 rail 0 cut {CUT_S:g} s every {CUT_S + RESTORED_S:g} s, hold-down "
             f"{HOLDDOWN_MS} ms",
-            "# RSS of the worst rank, sampled 20 times after the warm-up; slope: least squares; band: max - min; "
-            "flat: fresh rise - control rise <= allowance and fresh band <= control band + allowance; "
+            "# RSS of the worst rank, sampled 20 times after the warm-up; slope: least squares; "
+            "climb: the most RSS rose above an earlier sample; "
+            "flat: fresh rise - control rise <= allowance and fresh climb <= control climb + allowance; "
             "torch cases: 'as gloo' when not, but within the reference allowance of the same fresh tensors on "
             "gloo (loopback, no cuts)",
             table_line(COLUMNS), table_line(["---"] * len(COLUMNS))]

@@ -6,10 +6,13 @@ the end of the warm-up to the end. Per rank and per run:
 * ``slope``: the least-squares slope of RSS over operations, bytes per 1000
   operations; ``rise`` = slope x the measured span: how much the fitted line
   climbs over the run;
-* ``band``: the highest sample minus the lowest. A slope alone misses memory
-  that piles up and is then let go at once (objects freed only by Python's
-  cycle collector make a saw tooth whose fitted slope is near zero), the
-  band does not.
+* ``climb``: the most RSS ever rose above an earlier sample (the highest
+  sample minus the lowest one before it). A slope alone misses memory that
+  piles up and is then let go at once (objects freed only by Python's cycle
+  collector make a saw tooth whose fitted slope is near zero); the climb does
+  not. Unlike the band (the highest sample minus the lowest, also reported),
+  it does not count a fall: a rank whose first sample after the warm-up is
+  its highest and that then settles lower has not grown.
 
 The allocator's noise is what the control shows (the same calls, the same
 values, on buffers allocated once), plus what fresh buffers may legitimately
@@ -20,7 +23,7 @@ allocates afresh (one call; ``depth`` calls when they are in flight
 together).
 
 A rank is **flat** when ``rise(fresh) - rise(control) <= allowance`` and
-``band(fresh) <= band(control) + allowance``; a case is flat when every rank
+``climb(fresh) <= climb(control) + allowance``; a case is flat when every rank
 is. The report keeps the worst rank's numbers.
 
 The torch cases also have a **reference**: the same calls on the same fresh
@@ -30,7 +33,7 @@ of their own, under either library (glibc serves each from holes that its
 moving mmap threshold and the tensors' small objects leave): in the torch rows
 of 2026-12-03, Gloo's fresh runs had bands of 0-96 MiB and rises of up to
 88 MiB over 2,500 calls. A torch case that is not flat by its control is
-**as gloo** when its worst rank's rise and band exceed the reference's worst
+**as gloo** when its worst rank's rise and climb exceed the reference's worst
 rank's by at most the same allowance; such a case counts as flat, and the
 table says which it was (``flat_own``: by the control alone).
 """
@@ -51,14 +54,16 @@ def allowance(step_bytes: int) -> int:
 
 
 def fit(ops: Sequence[int], rss: Sequence[int]) -> Dict[str, float]:
-    """Slope (bytes per 1000 operations), rise over the span, band, first and last sample of one rank's series."""
+    """Slope (bytes per 1000 operations), rise over the span, climb, band, first and last sample of one rank's
+    series."""
     x = np.asarray(ops, dtype=float)
     y = np.asarray(rss, dtype=float)
     if len(x) < 3 or x[-1] <= x[0]:
         raise ValueError(f"a series needs 3 samples or more over a span, got {len(x)}")
     slope = float(np.polyfit(x, y, 1)[0])  # bytes per operation
     span = float(x[-1] - x[0])
-    return {"slope_per_1k": slope * 1000.0, "rise": slope * span, "band": float(y.max() - y.min()),
+    climb = float(np.max(y - np.minimum.accumulate(y)))
+    return {"slope_per_1k": slope * 1000.0, "rise": slope * span, "climb": climb, "band": float(y.max() - y.min()),
             "warm": float(y[0]), "end": float(y[-1]), "peak": float(y.max()), "span": span, "samples": len(x)}
 
 
@@ -70,22 +75,22 @@ def judge(fresh: Sequence[Dict[str, Any]], control: Sequence[Dict[str, Any]], st
     ranks: List[Dict[str, Any]] = []
     for r, (f, c) in enumerate(zip(fresh, control)):
         excess_rise = f["rise"] - c["rise"]
-        excess_band = f["band"] - c["band"]
-        own = excess_rise <= allow and excess_band <= allow
-        d = {"rank": r, "fresh": f, "control": c, "excess_rise": excess_rise, "excess_band": excess_band,
-             "flat_own": own}
+        excess_climb = f["climb"] - c["climb"]
+        own = excess_rise <= allow and excess_climb <= allow
+        d = {"rank": r, "fresh": f, "control": c, "excess_rise": excess_rise, "excess_climb": excess_climb,
+             "excess_band": f["band"] - c["band"], "flat_own": own}
         if reference is not None:
             d["reference"] = reference[r]
         ranks.append(d)
-    worst = max(ranks, key=lambda d: max(d["excess_rise"], d["excess_band"]))
+    worst = max(ranks, key=lambda d: max(d["excess_rise"], d["excess_climb"]))
     flat_own = all(d["flat_own"] for d in ranks)
     out = {"flat": flat_own, "flat_own": flat_own, "allowance": allow, "worst_rank": worst["rank"], "ranks": ranks}
     if reference is not None:
         # allocator noise is random per rank and run: the worst rank of each, side by side
         rise = max(f["rise"] for f in fresh) - max(g["rise"] for g in reference)
-        band = max(f["band"] for f in fresh) - max(g["band"] for g in reference)
-        out.update(over_reference_rise=rise, over_reference_band=band,
-                   as_reference=rise <= allow and band <= allow)
+        climb = max(f["climb"] for f in fresh) - max(g["climb"] for g in reference)
+        out.update(over_reference_rise=rise, over_reference_climb=climb,
+                   as_reference=rise <= allow and climb <= allow)
         out["flat"] = flat_own or out["as_reference"]
     return out
 
