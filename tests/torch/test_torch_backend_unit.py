@@ -134,6 +134,37 @@ def test_work_future_carries_error():
     assert not w.is_success() and isinstance(w.exception(), LinkEscapeBackendError)
 
 
+def test_a_wait_without_timeout_outlasts_a_part_whose_callbacks_still_run():
+    """The library marks an operation done, then runs its callbacks (on the progress thread when it
+    completed there). A caller's wait(), finding every part done while the work's own count was not in
+    yet, waited 0 s for the rest and raised CommTimeout "not complete after None s" (seen in the
+    memory benchmark: torch reduce_scatter 4M under load)."""
+    import threading
+
+    class LateCallbacks:
+        """Done at once; its callbacks run 0.3 s later, from another thread."""
+
+        def __init__(self):
+            self.fns = []
+
+        def add_done_callback(self, fn):
+            self.fns.append(fn)
+            threading.Timer(0.3, lambda: [f(self) for f in self.fns]).start()
+
+        def exception(self):
+            return None
+
+        def is_completed(self):
+            return True
+
+        def done_within(self, timeout):
+            return True
+
+    w = LinkEscapeWork("reduce_scatter_tensor", [LateCallbacks(), LateCallbacks()], [torch.ones(1)], rank=0)
+    assert w.wait() is True
+    assert w.is_completed() and w.is_success()
+
+
 # ------------------------------------------------------------------ two ranks, one process
 @pytest.fixture(scope="module")
 def pair():

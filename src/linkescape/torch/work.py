@@ -410,7 +410,17 @@ class LinkEscapeWork(dist.Work):
         if ready:
             self._finalize()  # runs the finish here unless the completer already did
             return True
-        return self._done.wait(0 if end is None else max(0.0, end - time.monotonic()))
+        if end is not None:
+            return self._done.wait(max(0.0, end - time.monotonic()))
+        # Every part is done but a part's callbacks still run (the library marks an operation done,
+        # then calls them, on its progress thread when it completed there): they count it in and,
+        # as nobody waits now, hand the work to the completer. Until then, wait on.
+        while not self._done.wait(_SLICE):
+            with self._lock:
+                ready = self._pending == 0 or self._cause is not None
+            if ready:
+                self._finalize()
+        return True
 
     # ---- the torch Work API
     def wait(self, timeout=None) -> bool:
