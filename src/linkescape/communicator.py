@@ -47,9 +47,11 @@ class Work:
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until done; raises the operation's error, or CommTimeout when
         ``timeout`` passes first (the operation keeps running)."""
-        if not self._op.done:
+        # (done is set before the completion callbacks run, on the progress thread when the
+        # operation completed there; finished once they all have: the caller's buffers are final)
+        if not self._op.finished:
             self._comm._driver.wait(self._op, timeout)
-        if not self._op.done:
+        if not self._op.finished:
             exc = CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
             self._comm._trace_timeout(exc)
             try:
@@ -62,14 +64,14 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
-        return self._op.done
+        return self._op.finished
 
     def done_within(self, timeout: float) -> bool:
         """Drive progress for up to ``timeout`` seconds; whether the operation
         ended (with or without error). Raises nothing: for waits in slices."""
-        if not self._op.done:
+        if not self._op.finished:
             self._comm._driver.wait(self._op, timeout)
-        return self._op.done
+        return self._op.finished
 
     @property
     def source(self) -> Optional[int]:

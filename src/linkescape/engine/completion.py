@@ -94,6 +94,7 @@ class OpTable:
             except Exception:  # noqa: BLE001
                 log.exception("completion callback failed")
         op.release()
+        op.finished = True
 
     def fail(self, op: Op, exc: BaseException) -> None:
         if op.done:

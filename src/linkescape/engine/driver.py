@@ -92,8 +92,9 @@ class Driver:
             self._driver_done()
 
     def wait(self, op: Op, timeout: Optional[float] = None) -> bool:
-        """Drive progress until ``op`` is done; False on timeout."""
-        if op.done:
+        """Drive progress until ``op`` is done and its completion callbacks have run (they run
+        under the lock: once a waiter holds it, a done op is finished); False on timeout."""
+        if op.finished:
             return True
         with self._cv:
             self._drivers += 1

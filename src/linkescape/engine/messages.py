@@ -53,7 +53,7 @@ def discard(queues: Dict[int, Deque], key: int, item) -> bool:
 class Op:
     """One collective or point-to-point operation in the engine."""
 
-    __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "deadline",
+    __slots__ = ("seq", "name", "sends", "recvs", "pending_recvs", "error", "done", "finished", "deadline",
                  "views", "settle_until", "peers", "callbacks", "collective", "need_ack",
                  "last_seq", "source", "flight")
 
@@ -73,6 +73,9 @@ class Op:
         self.pending_recvs = 0
         self.error: Optional[BaseException] = None
         self.done = False
+        #: done and every completion callback has run (the finish steps that write the caller's
+        #: buffers among them): what a waiter outside the engine lock may rely on
+        self.finished = False
         self.deadline = deadline
         #: caller memory that zero-copy frames may point into
         self.views: List[memoryview] = []
