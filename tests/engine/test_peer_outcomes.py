@@ -197,6 +197,19 @@ def test_a_busy_pairs_backup_beats_four_intervals_apart_and_its_route_every_inte
     rig.peer.avoid = 0
 
 
+def test_a_heartbeat_read_on_a_link_is_acknowledged_at_once(rig, monkeypatch):
+    """The peer's silence check waits for our kernel's ack of its probe: reading one, the peer asks
+    its kernel for the ack now (``tcp.ack_now``; its effect on a real socket: tests/transport)."""
+    import linkescape.engine.peer as peer_mod
+
+    acked = []
+    monkeypatch.setattr(peer_mod, "ack_now", acked.append)
+    rig.send(1, pack_header(HEARTBEAT, 0, 0))
+    assert acked == [rig.links[1].sock]
+    rig.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))  # relayed: no link of ours to ack on
+    assert acked == [rig.links[1].sock]
+
+
 def test_the_peers_rail_word_takes_its_rail_down_at_once(rig):
     out = rig.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))  # its NIC on rail 0 lost carrier
     assert ("link_down", 0, "peer_carrier") in events(out)

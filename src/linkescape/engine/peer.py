@@ -27,7 +27,7 @@ from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIF
 from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
 from ..protocol.railstate import PeerRails
-from ..transport.tcp import ack_silence, tcp_info_summary
+from ..transport.tcp import ack_now, ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack,
@@ -567,6 +567,9 @@ class PeerChannel:
         kind = hdr.kind
         arg = hdr.arg
         if kind == HEARTBEAT:
+            if link is not None:
+                # the sender's silence check waits for our kernel's ack of it: not a delayed one
+                ack_now(link.sock)
             self.relay_load = arg >> LOAD_SHIFT
             avoid = arg & AVOID_MASK
             if avoid != self.peer_avoid:
