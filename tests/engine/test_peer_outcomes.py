@@ -171,32 +171,6 @@ def test_heartbeats_while_engaged_are_due_every_interval(rig):
     assert [h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT]
 
 
-def test_a_busy_pairs_backup_beats_four_intervals_apart_and_its_route_every_interval(rig):
-    """While engaged, the link on the route beats every 50 ms; the backup (no data on it) every 200 ms,
-    enough to know it good before a failover, a quarter of the frames."""
-    from linkescape.engine.peer import BACKUP_BEATS
-
-    assert rig.peer.active == [0]
-    op = Op(1, "t", 1e9)
-    rig.peer.post_recv(InMessage(op, 1, 5, 0, 8, dst=memoryview(bytearray(8))))
-    beats = {0: 0, 1: 0}
-    for _ in range(80):  # 800 ms in virtual time, 10 ms ticks
-        rig.clock.advance_ms(10)
-        rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-        for rail in (0, 1):
-            beats[rail] += sum(1 for h in rig.frames_at_remote(rail) if h.kind == HEARTBEAT)
-    # (10 ms ticks: a beat is sent at the first tick 50 ms or more after the last one)
-    assert 12 <= beats[0] <= 16, beats
-    assert 800 // (60 * BACKUP_BEATS) <= beats[1] <= 800 // (50 * BACKUP_BEATS), beats
-    # held out (its cleanliness is judged from its beats): every interval again
-    rig.peer.avoid |= 1 << 1
-    for _ in range(20):
-        rig.clock.advance_ms(10)
-        rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-    assert sum(1 for h in rig.frames_at_remote(1) if h.kind == HEARTBEAT) >= 3
-    rig.peer.avoid = 0
-
-
 def test_a_heartbeat_read_on_a_link_is_acknowledged_at_once(rig, monkeypatch):
     """The peer's silence check waits for our kernel's ack of its probe: reading one, the peer asks
     its kernel for the ack now (``tcp.ack_now``; its effect on a real socket: tests/transport)."""

@@ -48,12 +48,6 @@ PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
 #: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
 RELAY_SILENT = 1.0
-#: a busy pair's backup link (not on its route, not held out) beats this many heartbeat intervals
-#: apart: it carries no data, so its beats only keep it known good for a failover (a dead backup
-#: of a busy pair is found within 4 x 50 ms + the silent timeout). At 64 ranks on 2 cores, where an
-#: all_reduce of 4 B takes ~100 ms, every interval meant ~2 beats per backup link per call, sent
-#: and read: 40 % of a rank's frames.
-BACKUP_BEATS = 4
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
 AVOID_MASK = 0xFF
 LOAD_SHIFT = 8
@@ -674,7 +668,6 @@ class PeerChannel:
         cfg = self.env.config
         hb = cfg.heartbeat_interval
         engaged = watched or self.engaged()
-        active = self.active
         for link in self.links:
             if link is None or self.status[link.rail].state is not State.UP:
                 continue
@@ -687,16 +680,14 @@ class PeerChannel:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            held = self.avoid >> link.rail & 1
-            beats = engaged or held
-            every = hb if held or watched or link.rail in active else hb * BACKUP_BEATS
-            if beats and now - link.last_sent >= every and not link.out:
+            beats = engaged or self.avoid >> link.rail & 1
+            if beats and now - link.last_sent >= hb and not link.out:
                 self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
             if link.pending_since is not None:
                 due = min(due, link.silent_at)
             if beats:
                 # (a link with bytes queued beats once they are out)
-                due = min(due, max(link.last_sent, now) + every if link.out else link.last_sent + every)
+                due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
         if self.relay is not None:
             due = self._relay_tick(now, due)
         if self.inbound.ack_owed:
