@@ -48,10 +48,12 @@ class Work:
         """Block until done; raises the operation's error, or CommTimeout when
         ``timeout`` passes first (the operation keeps running)."""
         # (done is set before the completion callbacks run, on the progress thread when the
-        # operation completed there; finished once they all have: the caller's buffers are final)
+        # operation completed there; finished once they all have: the caller's buffers are final.
+        # They run under the engine lock, which the driver's wait takes: done after it means they
+        # ran, unless this very thread runs them now, a callback waiting on its own operation.)
         if not self._op.finished:
             self._comm._driver.wait(self._op, timeout)
-        if not self._op.finished:
+        if not self._op.done:
             exc = CommTimeout(f"{self._op.name} not complete after {timeout}s", op_seq=self._op.seq)
             self._comm._trace_timeout(exc)
             try:
@@ -71,7 +73,7 @@ class Work:
         ended (with or without error). Raises nothing: for waits in slices."""
         if not self._op.finished:
             self._comm._driver.wait(self._op, timeout)
-        return self._op.finished
+        return self._op.done
 
     @property
     def source(self) -> Optional[int]:

@@ -44,3 +44,16 @@ def test_a_waiter_sees_the_buffer_only_after_the_callbacks(tmp_path):
         assert work.is_completed() and op.finished
         assert (buf == 7.0).all()
         t.join(5)
+
+
+def test_a_callback_waiting_on_its_own_operation_is_not_timed_out(tmp_path):
+    """Inside the callbacks the operation is done but not finished: a callback that waits on it (on
+    the thread that runs them) gets True, as before ``finished`` existed."""
+    with Communicator(FileStore(str(tmp_path / "s")), 0, 1) as comm:
+        op = Op(1, "all_reduce", time.monotonic() + 60)
+        work = Work(comm, op)
+        seen = []
+        op.callbacks.append(lambda _op: seen.append(work.wait(timeout=1)))
+        with comm._driver.locked() as engine:
+            engine.ops.complete(op)
+        assert seen == [True] and work.is_completed()
