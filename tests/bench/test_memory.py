@@ -151,3 +151,42 @@ def test_a_healthy_case_beside_a_cut_case_runs_on_loopback(tmp_path):
     assert [r["case"] for r in records] == [c.name for c in cases], lines
     assert all(r["wrong"] == 0 for r in records)
     assert records[1]["runs"]["fresh"]["cut_cycles"] >= 1  # the cut case ran on the testbed, under cuts
+
+
+def test_sigterm_tears_the_testbed_down():
+    """``kill`` (SIGTERM) on a running ``bench --memory`` with cut cases ends it as Ctrl-C does: its
+    ranks stopped, its testbed's namespaces, veths and bridges gone (they used to stay)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from linkescape.testbed.netns import find_leftovers
+    from linkescape.testbed.pytest_fixtures import require_testbed
+
+    require_testbed()
+    proc = subprocess.Popen([sys.executable, "-c", "from linkescape.cli import main; main()", "bench", "--memory",
+                             "numpy,all_reduce,64K,sync,active-backup,cuts"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    name = None
+    try:
+        for line in proc.stdout:
+            if line.startswith("# testbed "):
+                name = line.split()[2]
+                break
+        assert name is not None, "the bench never said which testbed it made"
+        assert find_leftovers(name), name
+        time.sleep(3)  # its ranks started, cuts under way
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        assert proc.returncode != 0
+        assert not find_leftovers(name), find_leftovers(name)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if name is not None and find_leftovers(name):
+            from linkescape.testbed.netns import down
+
+            down(name)

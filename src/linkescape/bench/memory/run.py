@@ -202,6 +202,7 @@ def run_memory(cases: Sequence[Case], *, json_path: Optional[str] = None, echo: 
             from ...testbed.netns import make_temporary
 
             tb = make_temporary(world, 2, prefix="m")
+            echo(f"# testbed {tb.name} up (torn down at the end, on Ctrl-C and on SIGTERM)")
         for case in cases:
             rec = run_case(case, world=world, tb=tb, keep_every=keep_every, env=env)
             records.append(rec)
