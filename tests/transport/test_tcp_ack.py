@@ -28,10 +28,11 @@ def _probe_ack_ms(a: socket.socket, b: socket.socket, read_after: float) -> floa
     a.send(b"p" * 40)  # the probe
     time.sleep(read_after)
     b.recv(100)  # the engine reads it (a timer round, a wake-up) ...
+    t_read = time.perf_counter()
     tcp.ack_now(b)  # ... and acks it now
     while _unacked(a) and time.perf_counter() - t0 < 1.0:
         time.sleep(0.0002)
-    return (time.perf_counter() - t0) * 1000
+    return (time.perf_counter() - t_read) * 1000  # from the read (a loaded host may oversleep the 5 ms)
 
 
 def test_a_read_probe_is_acknowledged_at_once_not_after_the_delayed_ack():
@@ -44,8 +45,9 @@ def test_a_read_probe_is_acknowledged_at_once_not_after_the_delayed_ack():
         for s in (a, b):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         delays = [_probe_ack_ms(a, b, 0.005) for _ in range(9)]
-        # a delayed ack waits at least TCP_DELACK_MIN (40 ms); read 5 ms after it came, it is out at once
-        assert statistics.median(delays) < 30, delays
+        # a delayed ack comes TCP_DELACK_MIN (40 ms) or more after the probe, ~35 ms after a read 5 ms
+        # in; asked for at the read, it is out at once
+        assert statistics.median(delays) < 20, delays
     finally:
         for s in (a, b, ls):
             s.close()
