@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shlex
-import signal
 import sys
 from typing import Optional
 
@@ -116,14 +114,17 @@ def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
         _run_scale(scale, json_path, idle_seconds)
         return
     if memory:
-        with _sigterm_as_interrupt():
+        from ..testbed.netns import sigterm_as_interrupt  # Ctrl-C and SIGTERM take the testbed down
+
+        with sigterm_as_interrupt():
             _run_memory(memory, memory_scale, json_path, world_size)
         return
     if faults:
         # The failover benchmark runs on a testbed of network namespaces.
+        from ..testbed.netns import sigterm_as_interrupt
         from .failover import run_failover_cli
 
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             run_failover_cli(faults, rails=rails if rails != DEFAULT_RAILS else 2, json_path=json_path,
                              **failover_opts)
         return
@@ -147,25 +148,6 @@ def _run_scale(scale: str, json_path: Optional[str], idle_seconds: float) -> Non
         run_scale(counts, json_path, echo=click.echo, idle=idle_seconds)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (``kill``, a job scheduler) tears down as Ctrl-C does: the runs' ``finally`` blocks
-    stop the ranks and take the testbed's namespaces, veths and bridges down (a SIGTERM used to
-    end the process with them left behind)."""
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        old = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread (an embedding caller): leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _run_memory(selection: str, scale: float, json_path: Optional[str], world_size: int) -> None:

@@ -17,7 +17,6 @@ says plainly that they were emulated.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from typing import Any, Dict, Optional
@@ -125,10 +124,6 @@ def _print_summary(rep: Dict[str, Any], console, quiet: bool) -> None:
                   highlight=False, markup=False, soft_wrap=True)
 
 
-def _sigterm(signum, frame):  # pragma: no cover - exercised by hand
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", "out", default="./linkescape-demo", show_default=True, type=click.Path(file_okay=False),
               help="Directory for report.md, report.json, timeline.png and the runs' files.")
@@ -174,17 +169,16 @@ def demo(out: str, steps: int, hosts: int, rails: int, rate: str, model_size: st
     opts = DemoOptions(out=out, steps=steps, hosts=hosts, rails=rails, rate=rate, emulate=emulate,
                        reference=not no_reference, quiet=quiet, model_size=model_size, seed=seed, live=live,
                        faults=kinds, cross_hold=cross_hold)
-    old = signal.signal(signal.SIGTERM, _sigterm) if sys.platform != "win32" else None
+    from ..testbed.netns import sigterm_as_interrupt
+
     try:
-        rep = run_demo(opts, console)
+        with sigterm_as_interrupt():
+            rep = run_demo(opts, console)
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]: the testbed and the training processes were torn down")
         sys.exit(130)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
     _print_summary(rep, console, quiet)
     ok = rep["steps_lost"] == 0 and rep.get("training_ok") and rep.get("bit_identical") is not False
     sys.exit(0 if ok else 1)

@@ -541,6 +541,26 @@ def temporary_testbed(hosts: int = 2, rails: int = 2, rate: Optional[str] = None
         release(tb)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM (``kill``, a job scheduler) raises ``KeyboardInterrupt`` as Ctrl-C
+    does, so the ``finally`` blocks of a tool that owns a testbed stop its ranks and take the
+    namespaces, veths and bridges down (left to itself, SIGTERM ends the process with them left
+    behind). Outside the main thread (an embedding caller) signals are left alone."""
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        old = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 __all__ = ["Testbed", "TestbedError", "TestbedExists", "LinkState", "down", "find_leftovers",
            "list_netns", "require_root", "require_nft", "state_path", "rate_bps", "DEFAULT_NAME", "unique_name", "make_temporary",
-           "release", "temporary_testbed"]
+           "release", "temporary_testbed", "sigterm_as_interrupt"]
