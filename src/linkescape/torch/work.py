@@ -412,9 +412,10 @@ class LinkEscapeWork(dist.Work):
             return True
         if end is not None:
             return self._done.wait(max(0.0, end - time.monotonic()))
-        # Every part is done but a part's callbacks still run (the library marks an operation done,
-        # then calls them, on its progress thread when it completed there): they count it in and,
-        # as nobody waits now, hand the work to the completer. Until then, wait on.
+        # Every part says it is done but its callbacks, which count it in, have not all run (a
+        # part that reports completion first; the library's own Work did until Op.finished): as
+        # nobody waits now, they hand the work to the completer. Until then, wait on (an infinite
+        # wait never times out).
         while not self._done.wait(_SLICE):
             with self._lock:
                 ready = self._pending == 0 or self._cause is not None
