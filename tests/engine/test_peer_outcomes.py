@@ -430,3 +430,76 @@ def test_sends_are_carved_into_frames_on_the_active_link(rig):
     got = [h for h in rig.frames_at_remote(0) if h.kind == DATA]
     assert [(h.seq, h.length) for h in got] == [(1, 10)]
     assert rig.peer.outbound.unacked_bytes == 10
+
+
+# ---------------------------------------------------------------- timers: only when due
+def _tick(rig):
+    now = rig.clock.now()
+    return rig.peer.tick(now, False, now + 10, False)
+
+
+def test_an_owed_ack_waits_for_a_frame_to_carry_it_then_goes_alone(rig):
+    """An ack owed goes alone only after ACK_DELAY; until then the timers
+    are due for it (and the receiver asked for a round as a net, later)."""
+    from linkescape.engine.peer import INF
+    from linkescape.engine.receiver import ACK_DELAY, ACK_NET
+    from linkescape.protocol.frames import ACK
+
+    _post_first_collective_recv(rig)
+    rig.env.wake_at = INF
+    t0 = rig.clock.now()
+    rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")
+    assert rig.peer.inbound.ack_owed
+    assert rig.env.wake_at == pytest.approx(t0 + ACK_NET)
+    rig.frames_at_remote(0)
+    due, _ = _tick(rig)
+    assert due == pytest.approx(t0 + ACK_DELAY)
+    assert not [h for h in rig.frames_at_remote(0) if h.kind == ACK]
+    rig.clock.advance(ACK_DELAY)
+    _tick(rig)
+    assert [h.ack for h in rig.frames_at_remote(0) if h.kind == ACK] == [1]
+    assert not rig.peer.inbound.ack_owed
+
+
+def test_an_owed_ack_goes_with_the_next_data_frame_and_never_alone(rig):
+    from linkescape.engine.receiver import ACK_DELAY
+    from linkescape.protocol.frames import ACK
+
+    _post_first_collective_recv(rig)
+    rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")
+    rig.clock.advance_ms(10)
+    m = OutMessage(Op(2, "t", 1e9), 1, 2, 0, memoryview(b"0123"))
+    rig.peer.post_send(m)
+    rig.peer.pump()
+    data = [h for h in rig.frames_at_remote(0) if h.kind == DATA]
+    assert [h.ack for h in data] == [1]  # the reply carries the ack
+    assert not rig.peer.inbound.ack_owed
+    rig.clock.advance(ACK_DELAY)
+    _tick(rig)
+    assert not [h for h in rig.frames_at_remote(0) if h.kind == ACK]
+
+
+def test_a_receive_on_an_idle_pair_asks_the_timers_for_its_heartbeats(rig):
+    """No fixed tick: the engine learns of the first beat's deadline from the peer."""
+    from linkescape.engine.peer import INF
+
+    rig.clock.advance(5.0)  # the links have been quiet for a while
+    rig.env.wake_at = INF
+    _post_first_collective_recv(rig)
+    assert rig.env.wake_at <= rig.clock.now()  # due now: its links last sent long ago
+    rig.env.wake_at = INF
+    _post_first_collective_recv(rig)  # engaged already: nothing new is due
+    assert rig.env.wake_at == INF
+
+
+def test_bytes_sent_ask_for_their_silence_check(rig):
+    from linkescape.engine.peer import INF
+
+    m = OutMessage(Op(1, "t", 1e9), 1, 1, 0, memoryview(b"0123"))
+    rig.peer.post_send(m)  # (asks for the backup's first beat: the other test)
+    rig.env.wake_at = INF
+    rig.peer.pump()
+    link = rig.links[0]
+    assert link.pending_since == rig.clock.now()
+    assert rig.env.wake_at == pytest.approx(link.silent_at)
+    assert link.silent_at == pytest.approx(rig.clock.now() + rig.config.silent_timeout)

@@ -44,20 +44,24 @@ from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
                        RecvDone, Redial, Relayed, RelayReset, Unreachable)
-from .peer import Matcher, PeerChannel, PeerEnv
+from .peer import INF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
 
 log = logging.getLogger("linkescape.engine")
 
-#: seconds between two goodput samples of the links (grey failure)
+#: seconds between two goodput samples of the links (grey failure), while
+#: some link carries bulk (GREY_BULK bytes or more in a sample, busy); else the
+#: samples are taken when the timers run for something else
 GREY_INTERVAL = 0.1
+GREY_BULK = 64 << 10
 #: timer cadence while a fault is handled with some hot peer (no path, EOF,
 #: a rail held out, parked or stashed frames, a relay)
 TICK = 0.01
-#: the longest the timers sleep while some peer is hot and healthy: owed
-#: acks go out then (need_ack operations ask for theirs at once); silence
-#: checks and heartbeats are scheduled for when they are due
+#: the longest the timers sleep while a hot peer is not settled (a rail in
+#: hold-down, a path the policy would change: ``PeerChannel.settled``). A
+#: settled one's timers run only when due: silence checks, heartbeats, an
+#: owed ack (need_ack operations ask for theirs at once)
 TICK_IDLE = 0.04
 #: peers with a rail down whose remaining links carry heartbeats (the rest: the probe budget)
 WATCH_DEGRADED = 8
@@ -125,6 +129,9 @@ class Engine:
         self._relay_search: Dict[PeerChannel, float] = {}
         self.next_timer = 0.0
         self._next_grey = 0.0
+        #: the last goodput sample found a busy or held link: the next one is a deadline
+        #: (otherwise it is taken whenever the timers run)
+        self._grey_busy = False
 
     # ------------------------------------------------------------ for the Driver and other threads
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -270,7 +277,10 @@ class Engine:
             t = type(o)
             if t is RecvDone:
                 self.ops.recv_done(o.message)
-            elif t is Emit:
+                continue
+            # anything else changed what the timers look at: they run in this round
+            self.env.wake_at = 0.0
+            if t is Emit:
                 self.emit(o.event, peer.rank, o.rail, o.cause, **o.extra)
             elif t is LinkDown:
                 self._link_down(peer, o)
@@ -520,10 +530,14 @@ class Engine:
                     self._apply(peer, peer.pump())
         if self.ops:
             self.ops.check_all(now)
-        if now >= self.next_timer:
+        # deadlines set in this round (bytes of ours now wait for an ack, an ack
+        # is owed, a peer's state changed); the timers re-derive them all
+        env = self.env
+        wake, env.wake_at = env.wake_at, INF
+        if now >= self.next_timer or wake <= now:
             self._timers(now)
-        elif hot and self.next_timer - now > TICK_IDLE:
-            self.next_timer = now + TICK_IDLE
+        elif wake < self.next_timer:
+            self.next_timer = wake
 
     def _timers(self, now: float) -> None:
         # If this rank ran later than its timers were due by more than the
@@ -533,7 +547,9 @@ class Engine:
         # would mean never finding a silent link there.)
         blind = now - self.next_timer > self.config.silent_timeout
         hot = self.hot
-        soon = now + TICK_IDLE
+        soon = self.probes.next_at
+        if self._grey_busy:
+            soon = min(soon, self._next_grey)
         watch = self.degraded_watch
         for peer in list(hot):
             due, out = peer.tick(now, blind, soon, peer in watch)
@@ -541,6 +557,8 @@ class Engine:
             self._apply(peer, out)
             if peer.handling():
                 soon = min(soon, now + TICK)
+            elif not peer.settled(now):
+                soon = min(soon, now + TICK_IDLE)
             if peer.no_path_since is not None:
                 self._verdict(peer, self.liveness.check(peer, now))
                 if peer.relay is None and now - self._relay_search.get(peer, 0.0) >= RELAY_RETRY:
@@ -549,7 +567,7 @@ class Engine:
                 self._apply(peer, peer.failback(now))
         if hot and now >= self._next_grey:
             self._next_grey = now + GREY_INTERVAL
-            self._grey(now)
+            self._grey_busy = self._grey(now)
         due = self.probes.due(now)
         if due is not None:
             self._probe(due, now)
@@ -581,12 +599,14 @@ class Engine:
             if link is not None:
                 self._probed = (peer, link)
 
-    def _grey(self, now: float) -> None:
+    def _grey(self, now: float) -> bool:
         """Grey failure, per rail: every busy link's goodput window, judged
         against its rail's reference and its rail's total (so a link that
-        only shares a healthy NIC is not grey); held links' cleanliness."""
+        only shares a healthy NIC is not grey); held links' cleanliness.
+        True when a link was held or busy (data outstanding) for part of its window."""
         windows: Dict[int, list] = {}
         judged = []
+        busy = False
         for peer in tuple(self.hot):  # a link that carried bytes belongs to a hot peer
             for link in peer.links:
                 if link is None or peer.status[link.rail].state is not State.UP or link.grey is None:
@@ -601,8 +621,10 @@ class Engine:
                     continue
                 w = link.grey.measure(sample)
                 if held:
+                    busy = True
                     self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs))
                 elif w is not None:
+                    busy = busy or (w.busy >= link.grey.min_busy * w.dt and w.sent >= GREY_BULK)
                     windows.setdefault(link.rail, []).append(w)
                     judged.append((peer, link, w))
         for rail, ws in windows.items():
@@ -611,6 +633,7 @@ class Engine:
             if (peer.links[link.rail] is link and link.grey.judge(w, now)
                     and peer.other_clean_rail(link.rail)):
                 self._apply(peer, peer.degraded(link))
+        return busy
 
     # ------------------------------------------------------------ operators' view (lock held)
     def rail_totals(self) -> List[tuple]:

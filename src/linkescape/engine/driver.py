@@ -22,6 +22,9 @@ log = logging.getLogger("linkescape.engine")
 
 T = TypeVar("T")
 
+#: the longest a waiting caller sleeps in one poll (a safety net: timers and deadlines wake it)
+MAX_SLEEP = 1.0
+
 
 class Driver:
     def __init__(self, engine: "Engine") -> None:
@@ -117,8 +120,13 @@ class Driver:
                 time.sleep(0.0002)
                 self.lock.acquire()
             now = self.engine.clock.now()
-            left = 0.05 if end is None else min(0.05, end - now)
+            # (the engine's timers and the op's deadline bound the sleep; whoever
+            # else wants in wakes the poll)
+            left = min(MAX_SLEEP, op.deadline - now) if end is None else min(MAX_SLEEP, end - now)
             if left <= 0:
+                if end is None:
+                    eng.progress_once(0.0)  # the op's deadline passed: the round times it out
+                    continue
                 return False
             if op.settle_until is not None:
                 left = min(left, max(0.0, op.settle_until - now))

@@ -51,6 +51,7 @@ RELAY_SILENT = 1.0
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
 AVOID_MASK = 0xFF
 LOAD_SHIFT = 8
+INF = float("inf")
 
 
 def failure_event(exc: BaseException) -> Ev:
@@ -92,7 +93,15 @@ class PeerEnv:
         self.watermark = 2 * config.chunk_bytes
         #: the pairs this rank relays for others (advertised in heartbeats)
         self.relaying = 0
+        #: the earliest a peer asked the timers for since the engine last looked
+        #: (a deadline set outside a timer round: a silence check, an owed ack)
+        self.wake_at = INF
         self._scratch = memoryview(bytearray(1 << 16))
+
+    def soon(self, when: float) -> None:
+        """Run the timers no later than ``when``."""
+        if when < self.wake_at:
+            self.wake_at = when
 
     def discard(self, n: int) -> memoryview:
         """A buffer for payload bytes nobody needs (duplicates)."""
@@ -122,6 +131,8 @@ class PeerChannel:
         #: what the peer advertised of its relay load (pairs it passes on)
         self.relay_load = 0
         self.no_path_since: Optional[float] = None
+        #: when an acknowledgement owed (and not sent along with a frame) goes alone
+        self.ack_due = 0.0
         self.closed_by_peer = False
         #: when the last link ended with FIN/RST (a dead process, or a peer
         #: that dropped links it believed dead and will re-dial)
@@ -187,10 +198,23 @@ class PeerChannel:
 
     # ------------------------------------------------------------ data path (engine)
     def post_send(self, m) -> None:
+        if not self.engaged():
+            self._engaging(self.active)
         self.sender.post(m)
 
     def post_recv(self, m) -> None:
+        if not self.engaged():
+            self._engaging(())
         self.receiver.post(m)
+
+    def _engaging(self, sending) -> None:
+        """An operation's traffic starts: the links beat from now on (``tick``), the
+        first a heartbeat interval after the link last sent (the rails in ``sending``
+        are about to carry data: theirs is found by the next timer round)."""
+        hb = self.env.config.heartbeat_interval
+        for link in self.links:
+            if link is not None and link.rail not in sending:
+                self.env.soon(link.last_sent + hb)
 
     def pump(self):
         """Carve and write what is ready; an acknowledgement the peer waits for goes too."""
@@ -568,6 +592,7 @@ class PeerChannel:
             avoid = arg & AVOID_MASK
             if avoid != self.peer_avoid:
                 self.peer_avoid = avoid
+                self.env.soon(0.0)  # a rail held out: the timers keep a close eye on the peer
                 self.reroute(self.env.clock.now())
                 self.sender.pump()
         elif kind == BYE:
@@ -626,15 +651,23 @@ class PeerChannel:
         """Nothing for the timers to do with this peer until it is touched
         again (traffic, a state change) or the probe budget picks one of
         its links: no operation's traffic, no ack owed, no bytes of ours
-        waiting for an acknowledgement, no fault being handled, no rail in
-        hold-down, the path the policy would choose."""
-        if (watched or self.engaged() or self.inbound.ack_owed or self.no_path_since is not None
-                or self.relay is not None or self.avoid or self.peer_avoid or self.receiver.stash
-                or self.eof_since is not None):
+        waiting for an acknowledgement, and settled (below)."""
+        if watched or self.engaged() or self.inbound.ack_owed:
             return False
         for link in self.links:
-            if link is not None and (link.pending_since is not None or link.parked or link.out
-                                     or link.hdr is not None):
+            if link is not None and (link.pending_since is not None or link.out):
+                return False
+        return self.settled(now)
+
+    def settled(self, now: float) -> bool:
+        """No fault being handled, no rail in hold-down, the path the policy
+        would choose: the timers of a busy peer run only when one of its
+        deadlines is due (``tick``); an unsettled one is looked at often."""
+        if (self.no_path_since is not None or self.relay is not None or self.avoid or self.peer_avoid
+                or self.receiver.stash or self.eof_since is not None):
+            return False
+        for link in self.links:
+            if link is not None and (link.parked or link.hdr is not None):
                 return False
         policy = self.env.policy
         for st in self.status:
@@ -691,7 +724,10 @@ class PeerChannel:
         if self.relay is not None:
             due = self._relay_tick(now, due)
         if self.inbound.ack_owed:
-            self.sender.send_ack()
+            if now >= self.ack_due:
+                self.sender.send_ack()
+            else:
+                due = min(due, self.ack_due)
         return due, self._done()
 
     def _relay_tick(self, now: float, due: float) -> float:

@@ -37,6 +37,10 @@ from .link import Link
 from .messages import InMessage, discard, enqueue, pop_first
 from .outcomes import Forward, OpFailed, Relayed, RecvDone
 
+#: an acknowledgement owed goes with our next frame to the peer, or alone once owed this long
+#: (the longest the peer's retransmit store holds small frames for want of it)
+ACK_DELAY = 0.04
+ACK_NET = 0.1
 
 
 class Unexpected:
@@ -380,7 +384,8 @@ class Receiver:
             return True
         if not link.parked:
             link.parked = True
-            link.parked_at = self.peer.env.clock.now()
+            link.parked_at = now = self.peer.env.clock.now()
+            self.peer.env.soon(now + STASH_AFTER)  # (stash_parked)
             self._reading(link, False)
         return False
 
@@ -507,13 +512,23 @@ class Receiver:
         self.stash[hdr.seq] = Stashed(hdr, payload)
         heapq.heappush(self._stash_seqs, hdr.seq)
         self.stash_bytes += hdr.length
+        self.peer.env.soon(0.0)  # the timers keep a close eye on a peer with frames stashed
         return True
 
     def _applied(self, hdr: Header, m, payload: memoryview, link: Optional[Link] = None) -> None:
         """Account a frame whose bytes are in place (or, for a reduction, in
         ``payload``): exactly once, in seq order."""
         peer = self.peer
-        peer.inbound.applied(hdr.seq)
+        inbound = peer.inbound
+        if not inbound.ack_owed:
+            # the first frame owing an ack: it goes with our next frame to the peer, or alone
+            # from ACK_DELAY on, when the timers next run (they wake for it once they saw it
+            # owed; the wake-up asked for here is a net, later: one this early would mostly find
+            # the ack gone with a frame, and an earlier timer round replaces it)
+            now = peer.env.clock.now()
+            peer.ack_due = now + ACK_DELAY
+            peer.env.soon(now + ACK_NET)
+        inbound.applied(hdr.seq)
         if hdr.flags & FLAG_ACK_NOW:
             peer.sender.ack_urgent = True  # the sender waits for it
         if isinstance(m, Unexpected):

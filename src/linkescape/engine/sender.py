@@ -127,6 +127,7 @@ class Sender:
             # stays hot (watched) until a silence check saw them acknowledged
             link.pending_since = now
             link.silent_at = now + env.config.silent_timeout
+            env.soon(link.silent_at)
         want = POLLIN if emptied else POLLIN | POLLOUT
         if link.parked:
             want &= ~POLLIN
