@@ -162,6 +162,11 @@ class Engine:
     def wake(self) -> None:
         self.io.wake()
 
+    def timers_wanted(self) -> bool:
+        """(lock held) A deadline was asked for since the last round (``PeerEnv.soon``):
+        whoever polls next must know of it."""
+        return self.env.wake_at < INF
+
     def start(self) -> None:
         """Connected: the beacon's thread may start."""
         if self.beacon is not None:
@@ -500,6 +505,11 @@ class Engine:
     def progress_once(self, timeout: float) -> None:
         """One round: poll, read, write, timers."""
         io = self.io
+        wake = self.env.wake_at
+        if wake < INF:
+            # a deadline asked for since the last round (an op posted before this
+            # poll sent bytes that now wait for an ack): the poll must not outsleep it
+            timeout = min(timeout, wake - self.clock.now())
         events = io.poll(timeout)
         if self._soon:
             self._run_soon()

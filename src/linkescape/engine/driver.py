@@ -57,7 +57,10 @@ class Driver:
         try:
             yield self.engine
         finally:
+            wanted = self.engine.timers_wanted()
             self.lock.release()
+            if wanted:
+                self.engine.io.wake()  # the thread in poll() computed its sleep before this deadline
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` under the engine lock."""
