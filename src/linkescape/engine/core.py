@@ -284,7 +284,7 @@ class Engine:
                 self.ops.recv_done(o.message)
                 continue
             # anything else changed what the timers look at: they run in this round
-            self.env.wake_at = 0.0
+            self.env.soon(0.0)
             if t is Emit:
                 self.emit(o.event, peer.rank, o.rail, o.cause, **o.extra)
             elif t is LinkDown:

@@ -663,8 +663,7 @@ class PeerChannel:
         """No fault being handled, no rail in hold-down, the path the policy
         would choose: the timers of a busy peer run only when one of its
         deadlines is due (``tick``); an unsettled one is looked at often."""
-        if (self.no_path_since is not None or self.relay is not None or self.avoid or self.peer_avoid
-                or self.receiver.stash or self.eof_since is not None):
+        if self._faulted():
             return False
         for link in self.links:
             if link is not None and (link.parked or link.hdr is not None):
@@ -770,11 +769,15 @@ class PeerChannel:
         """A fault is being handled with this peer (no path, a relay, EOF, a
         rail held out, frames stashed or parked, a link not up): the timers
         keep their fine cadence for it."""
-        if (self.no_path_since is not None or self.relay is not None or self.eof_since is not None
-                or self.avoid or self.peer_avoid or self.receiver.stash):
+        if self._faulted():
             return True
         return any(link is None or link.parked or self.status[link.rail].state is not State.UP
                    for link in self.links)
+
+    def _faulted(self) -> bool:
+        """No path, a relay, EOF, a rail held out (by either end), frames stashed."""
+        return bool(self.no_path_since is not None or self.relay is not None or self.eof_since is not None
+                    or self.avoid or self.peer_avoid or self.receiver.stash)
 
     def receiving(self) -> bool:
         """A frame is half read on one of our links (its sender waits for us to read on). A parked
