@@ -61,3 +61,47 @@ def test_no_round_without_a_deadline(engine):
     assert engine.polls[-1] == 1.0
     assert rounds == []
     assert engine.next_timer == now + 5.0
+
+
+def _driver_with_wakes(engine):
+    from linkescape.engine.driver import Driver
+    driver = Driver(engine)
+    wakes = []
+    engine.io.wake = lambda: wakes.append(engine.clock.now())
+    return driver, wakes
+
+
+def test_a_round_under_locked_that_moves_the_deadline_sooner_wakes_the_sleeping_progress_thread(engine):
+    """The progress thread sleeps in its idle poll until the next timer (5 s here); a thread that
+    makes a round under ``locked()`` (a frame parked: its stash is due in 5 ms) and so moves the
+    deadline sooner must wake it, or the frame waits for the old deadline (the round took up the
+    asked deadline, so ``timers_wanted()`` alone said nothing: CI, 2 of 8 parked frames not stashed)."""
+    driver, wakes = _driver_with_wakes(engine)
+    now = engine.clock.now()
+    engine.next_timer = now + 5.0
+    driver._idle_until = engine.next_timer  # asleep until then
+
+    def park():
+        engine.env.soon(now + 0.005)
+        engine.progress_once(0.0)
+    driver.call(park)
+    assert engine.next_timer == pytest.approx(now + 0.005)
+    assert not engine.timers_wanted()  # taken up by the round ...
+    assert wakes, "the sleeping progress thread was not woken"  # ... so only the moved deadline says it
+
+
+def test_a_round_that_leaves_the_deadline_where_the_sleeper_has_it_wakes_nobody(engine):
+    driver, wakes = _driver_with_wakes(engine)
+    now = engine.clock.now()
+    engine.next_timer = now + 0.5
+    driver._idle_until = now + 0.5
+    driver.call(lambda: engine.progress_once(0.0))
+    assert not wakes
+    driver._idle_until = 0.0  # the progress thread is not in its idle poll: nothing to wake
+    engine.next_timer = now + 0.5
+
+    def sooner():
+        engine.env.soon(now + 0.1)
+        engine.progress_once(0.0)
+    driver.call(sooner)
+    assert engine.next_timer == pytest.approx(now + 0.1) and not wakes

@@ -18,6 +18,8 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 from .messages import Op
 
+INF = float("inf")
+
 log = logging.getLogger("linkescape.engine")
 
 T = TypeVar("T")
@@ -37,6 +39,10 @@ class Driver:
         self._thread: Optional[threading.Thread] = None
         #: seconds to busy-poll before blocking (0: never)
         self.spin = 0.0
+        #: the engine deadline the progress thread sleeps until in its idle poll (INF while it is
+        #: about to compute it, 0.0 while it is not in one): a thread that made a round under
+        #: ``locked()`` and moved the deadline sooner must wake it
+        self._idle_until = 0.0
 
     # ------------------------------------------------------------ the lock
     def acquire(self) -> None:
@@ -57,10 +63,14 @@ class Driver:
         try:
             yield self.engine
         finally:
-            wanted = self.engine.timers_wanted()
+            eng = self.engine
+            # a deadline asked for and not yet taken in by a round, or one that a round made here
+            # (``fn`` ran ``progress_once``: a frame parked for the stash) moved before the time the
+            # progress thread sleeps until
+            wanted = eng.timers_wanted() or eng.next_timer < self._idle_until
             self.lock.release()
             if wanted:
-                self.engine.io.wake()  # the thread in poll() computed its sleep before this deadline
+                eng.io.wake()  # the thread in poll() computed its sleep before this deadline
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` under the engine lock."""
@@ -186,9 +196,14 @@ class Driver:
                         self._cv.wait(0.1)
                 continue
             if not eng.async_work():
-                for fd, _ in eng.io.idle_poll(max(0.0, eng.next_timer - self.engine.clock.now())):
+                # (INF first: a round under ``locked()`` that moves the deadline after it is read
+                # here sees a sleeper to wake; one that moved it before is read here)
+                self._idle_until = INF
+                until = self._idle_until = eng.next_timer
+                for fd, _ in eng.io.idle_poll(max(0.0, until - self.engine.clock.now())):
                     if eng.io.is_wake(fd):
                         eng.io.drain_wake()
+                self._idle_until = 0.0
                 if self._drivers or eng.closed:
                     continue
                 if self.lock.acquire(blocking=False):
