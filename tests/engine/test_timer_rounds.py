@@ -105,3 +105,23 @@ def test_a_round_that_leaves_the_deadline_where_the_sleeper_has_it_wakes_nobody(
         engine.progress_once(0.0)
     driver.call(sooner)
     assert engine.next_timer == pytest.approx(now + 0.1) and not wakes
+
+
+def test_the_last_caller_to_stop_driving_wakes_a_progress_thread_asleep_past_its_deadlines(engine):
+    """The progress thread entered its idle poll (until 5 s) before a caller started driving
+    (an uncontended lock wakes nobody); the caller's rounds left a deadline in 40 ms (an ack
+    owed): when it stops driving, the sleeper is woken to run it. Not while another still drives,
+    nor when the sleeper's own deadline comes first."""
+    driver, wakes = _driver_with_wakes(engine)
+    now = engine.clock.now()
+    driver._idle_until = now + 5.0
+    driver._drivers = 2
+    engine.next_timer = now + 0.04
+    driver._driver_done()
+    assert not wakes  # another caller still drives (and runs the timers)
+    driver._driver_done()
+    assert len(wakes) == 1
+    driver._drivers = 1
+    engine.next_timer = now + 6.0
+    driver._driver_done()
+    assert len(wakes) == 1

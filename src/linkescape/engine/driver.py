@@ -160,10 +160,14 @@ class Driver:
     def _driver_done(self) -> None:
         with self._cv:
             self._drivers -= 1
-            handover = not self._drivers and self.engine.async_work()
+            last = not self._drivers
+            handover = last and self.engine.async_work()
             if handover:
                 self._cv.notify_all()  # hand async work back to the progress thread
-        if handover:
+        # The progress thread went to sleep in its idle poll before this caller drove (it saw no
+        # driver then, and an uncontended lock wakes nobody): a deadline the caller's rounds set
+        # before the one it sleeps until would wait for that (a lone ack, a silence check)
+        if handover or (last and self.engine.next_timer < self._idle_until):
             self.engine.io.wake()
 
     # ------------------------------------------------------------ background
