@@ -17,8 +17,7 @@ import time
 from typing import Callable, Optional, Sequence, TypeVar
 
 from .messages import Op
-
-INF = float("inf")
+from .peer import INF
 
 log = logging.getLogger("linkescape.engine")
 
