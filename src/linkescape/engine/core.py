@@ -258,6 +258,17 @@ class Engine:
                 out.append((rank, rail, st.next_probe, st.never_up))
         return out
 
+    def redial_due(self, peer_rank: int, rail: int) -> Optional[tuple]:
+        """(any thread, no lock) (next try, never up yet) of a link this rank re-dials
+        that is down now; None when it is not."""
+        peer = self.peers.get(peer_rank)
+        if peer is None or peer.lost is not None:
+            return None
+        st = peer.status[rail]
+        if st.state is not State.DOWN:
+            return None
+        return st.next_probe, st.never_up
+
     def expected_from(self, peer_rank: int) -> int:
         """(any thread) The next seq we expect from the peer (a racy read of an
         int: a replay then trims less)."""

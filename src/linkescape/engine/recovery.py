@@ -234,6 +234,14 @@ class Recovery:
             key = (peer, rail)
             if rail in self.local_down or now < next_probe or key in self.dialing:
                 continue
+            # The list above was read before `dialing` was: a dial that ended in between (adopted, or
+            # failed with a new back-off) left `dialing` only after the engine took its outcome, so
+            # the state read now is the one after it (without this, a link adopted in between was
+            # dialed again and replaced at once: a link_down on both sides of a healthy pair).
+            fresh = self.engine.redial_due(peer, rail)
+            if fresh is None or now < fresh[0]:
+                continue
+            first = fresh[1]
             epoch = self.epochs.get(key, 1) + 1
             self.epochs[key] = epoch
             # The connect is short: on a black-holed path the SYN just vanishes; the back-off brings
@@ -285,8 +293,11 @@ class Recovery:
         eng = self.engine
 
         def failed() -> None:
-            self.dialing.discard(key)
-            eng.dial_failed(peer, rail, refused)
+            try:
+                eng.dial_failed(peer, rail, refused)
+            finally:
+                # only once the back-off is set (see _start_dials)
+                self.dialing.discard(key)
             self.wake()
         eng.call_soon(failed)
 
@@ -342,8 +353,11 @@ class Recovery:
                     mac_key=hs.link_key if self.config.frame_auth else None)
 
         def adopt() -> None:
-            self.dialing.discard((peer, rail))
-            eng.adopt(link, peer_expected)
+            try:
+                eng.adopt(link, peer_expected)
+            finally:
+                # only once the link is up (see _start_dials)
+                self.dialing.discard((peer, rail))
         eng.call_soon(adopt)
 
     def close(self) -> None:
