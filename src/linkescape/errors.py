@@ -64,6 +64,13 @@ class HandshakeError(LinkEscapeError):
     """A connection failed the linkescape handshake (wrong magic, version or job)."""
 
 
+class NotYet(HandshakeError):
+    """A link this rank accepts only later: it is still starting up, and the
+    link is one that start-up does not open (a backup dialed early by a peer
+    whose start-up is done). The dialer tries again, as after any failed dial;
+    nothing is wrong."""
+
+
 class AuthError(HandshakeError):
     """A link handshake failed the key proof: the other side does not hold the
     job's key (LINKESCAPE_AUTH_KEY differs between the ranks, or a stranger).

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import auth
 from .config import NEIGHBOURS_FROM, Config
-from .errors import AuthError, ConfigError, HandshakeError, RailMismatch, RendezvousError
+from .errors import AuthError, ConfigError, HandshakeError, NotYet, RailMismatch, RendezvousError
 from .health.carrier import address_for_ifname, ifname_for_address
 from .protocol.handshake import LinkAuth
 from .transport import tcp
@@ -263,7 +263,7 @@ class LinkSetup:
     def _admit(self, peer: int, rail: int, epoch: int) -> int:
         if rail not in self._rails or (self._peers_now is not None and peer not in self._peers_now):
             # a link dialed early by a peer whose start-up is done: it comes back once recovery accepts
-            raise HandshakeError(f"rail {rail} to rank {peer} is opened after start-up")
+            raise NotYet(f"rail {rail} to rank {peer} is opened after start-up")
         return 1  # nothing received yet: replay would start at seq 1
 
     def _accept_some(self) -> None:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from linkescape.config import Config
-from linkescape.errors import AuthError, HandshakeError
+from linkescape.errors import AuthError, HandshakeError, NotYet
 from linkescape.protocol.handshake import CHALLENGE, REJECT, LinkAuth, Msg, Reject
 from linkescape.transport import tcp
 from linkescape.transport.acceptor import Acceptor
@@ -35,6 +35,7 @@ class Harness:
         self.epochs = {}
         self.links = []
         self.refuse = False
+        self.later = False
         self.max_pending = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -43,6 +44,8 @@ class Harness:
     def admit(self, peer, rail, epoch):
         if self.refuse:
             raise HandshakeError("not now")
+        if self.later:
+            raise NotYet("opened after start-up")
         last = self.epochs.get((peer, rail), 1)
         if epoch <= last:
             raise HandshakeError(f"stale epoch {epoch}")
@@ -125,6 +128,24 @@ def test_a_wrong_key_is_an_auth_error_and_is_counted(harness):
         time.sleep(0.01)
     assert h.acceptor.rejected_by == {"auth": 1} and h.acceptor.auth_failures == {2: 1}
     assert h.links == [] and h.epochs == {}  # no epoch moved
+
+
+def test_a_link_accepted_only_later_is_refused_quietly_and_not_counted_as_a_rejection(harness, caplog):
+    # a peer whose start-up ended dials a backup while this rank still starts up: nothing is wrong
+    h = harness()
+    h.later = True
+    with caplog.at_level(logging.DEBUG, logger="linkescape"):
+        with pytest.raises((HandshakeError, OSError)):
+            h.dial(epoch=2)
+        deadline = time.monotonic() + 5
+        while h.acceptor.rejected_by.get("later", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert h.acceptor.rejected_by == {"later": 1} and h.acceptor.rejected == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "not yet accepting" in caplog.text
+    h.later = False
+    h.dial(epoch=3)[0].close()  # the dialer's next try gets through
+    assert len(h.wait_links(1)) == 1
 
 
 def test_a_stranger_gets_a_rejection_never_a_nonce_or_a_proof(harness):

@@ -41,7 +41,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..config import Config
-from ..errors import AuthError, HandshakeError, RailMismatch
+from ..errors import AuthError, HandshakeError, NotYet, RailMismatch
 from ..protocol.handshake import AcceptorHandshake, Hello, LinkAuth, Proved
 from . import tcp
 
@@ -289,10 +289,12 @@ class Acceptor:
             pass
         if reason is None:
             reason = ("auth" if isinstance(exc, AuthError) else "route" if isinstance(exc, RailMismatch)
+                      else "later" if isinstance(exc, NotYet)
                       else "handshake" if isinstance(exc, HandshakeError) else "closed")
         if isinstance(exc, AuthError) and exc.peer is not None:
             self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
-        self.rejected += 1  # counted before the other side can see the close
+        if reason != "later":  # (not a failure: see NotYet)
+            self.rejected += 1  # counted before the other side can see the close
         self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1
         self._log(p, reason, exc)
         if p.hs.state == "failed" and not p.out:  # best effort: tell the dialer why
@@ -305,6 +307,10 @@ class Acceptor:
         p.sock.close()
 
     def _log(self, p: _Pending, reason: str, exc: BaseException) -> None:
+        if reason == "later":  # a backup dialed before our start-up ended: its dialer comes back
+            log.debug("rank %d: not yet accepting a connection from %s (%s)", self.auth.rank,
+                      p.addr[0] if p.addr else "?", exc)
+            return
         now = time.monotonic()
         if now - self._log_at < LOG_INTERVAL:
             self._log_quiet += 1
