@@ -155,36 +155,20 @@ def test_an_acknowledged_link_is_never_silent(rig):
     assert not events(out) and link.pending_since is None
 
 
-def test_while_engaged_backups_beat_every_interval_and_the_active_rail_after_a_silent_timeout(rig):
-    """The backup is known good before traffic moves to it; the active rail's link is watched by its
-    own bytes in flight, and beats only once it sent nothing for a silent timeout (a peer waiting
-    there still finds a dead path, at a quarter of the frames: at 32-64 ranks on 2 cores these
-    beats were most of a rank's frames)."""
-    assert rig.peer.active == [0]
+def test_heartbeats_while_engaged_are_due_every_interval(rig):
     op = Op(1, "t", 1e9)
     m = InMessage(op, 1, 5, 0, 8, dst=memoryview(bytearray(8)))
     rig.peer.post_recv(m)  # a receive is posted: the peer is engaged
-    rig.frames_at_remote(0), rig.frames_at_remote(1)
+    rig.frames_at_remote(0)
     now = rig.clock.now()
     due, _ = rig.peer.tick(now, False, now + 1, False)
     assert due <= now + 0.05 + 1e-9
-
-    def beats(rail):
-        return [h for h in rig.frames_at_remote(rail) if h.kind == HEARTBEAT]
-
-    def at(ms):
-        rig.clock.advance_ms(ms)
-        rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-
-    at(49)
-    assert not beats(0) and not beats(1)
-    at(2)
-    assert beats(1) and not beats(0)  # the backup: every heartbeat interval
-    at(148)
-    assert not beats(0)
-    silent = rig.peer.env.config.silent_timeout
-    at(silent * 1e3 - 197)
-    assert beats(0)  # the active rail: after a silent timeout with nothing sent
+    rig.clock.advance_ms(49)
+    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not [h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT]
+    rig.clock.advance_ms(2)
+    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert [h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT]
 
 
 def test_a_heartbeat_read_on_a_link_is_acknowledged_at_once(rig, monkeypatch):

@@ -204,21 +204,17 @@ class PeerChannel:
 
     def post_recv(self, m) -> None:
         if not self.engaged():
-            self._engaging(self.active)
+            self._engaging(())
         self.receiver.post(m)
 
-    def _engaging(self, active) -> None:
-        """An operation's traffic starts: the links beat from now on (``tick``),
-        the backups a heartbeat interval after they last sent, the rails in
-        ``active`` (they carry the traffic, and bytes in flight on them are
-        watched by the silence check) only after a silent timeout with nothing
-        sent: a peer that waits there with nothing in flight still finds a dead
-        path, at a quarter of the frames."""
-        cfg = self.env.config
-        hb, quiet = cfg.heartbeat_interval, max(cfg.heartbeat_interval, cfg.silent_timeout)
+    def _engaging(self, sending) -> None:
+        """An operation's traffic starts: the links beat from now on (``tick``), the
+        first a heartbeat interval after the link last sent (the rails in ``sending``
+        are about to carry data: theirs is found by the next timer round)."""
+        hb = self.env.config.heartbeat_interval
         for link in self.links:
-            if link is not None:
-                self.env.soon(link.last_sent + (quiet if link.rail in active else hb))
+            if link is not None and link.rail not in sending:
+                self.env.soon(link.last_sent + hb)
 
     def pump(self):
         """Carve and write what is ready; an acknowledgement the peer waits for goes too."""
@@ -694,23 +690,16 @@ class PeerChannel:
 
     def tick(self, now: float, blind: bool, due: float, watched: bool):
         """The timers of a hot peer: silent-loss detection on every live
-        link, heartbeats on the backups while an operation's traffic is
-        pending (on every link while the rail is held out: its cleanliness is
-        judged from them, or while the peer is watched closely), a link parked for long read on into the
+        link, heartbeats on them while an operation's traffic is pending (or
+        the rail is held out: its cleanliness is judged from them, or the
+        peer is watched closely), a link parked for long read on into the
         stash, the relay's heartbeats and silence, fail-back. Returns (when
         this peer next needs the timers, ``due`` if nothing is sooner;
         outcomes)."""
         due = self.receiver.stash_parked(now, due)
         cfg = self.env.config
         hb = cfg.heartbeat_interval
-        quiet = max(hb, cfg.silent_timeout)
-        engaged = self.engaged()
-        # While an operation's traffic is pending, the backups beat every heartbeat interval (known
-        # good before traffic moves to them); the active rails' links, watched by their own bytes in
-        # flight, beat only after a silent timeout with nothing sent (a peer waiting there still
-        # finds a dead path). A held rail, or a peer watched closely (a fault is being handled),
-        # beats on every link every heartbeat interval.
-        active = self.active
+        engaged = watched or self.engaged()
         for link in self.links:
             if link is None or self.status[link.rail].state is not State.UP:
                 continue
@@ -723,19 +712,14 @@ class PeerChannel:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            if watched or self.avoid >> link.rail & 1 or (engaged and link.rail not in active):
-                period = hb
-            elif engaged:
-                period = quiet
-            else:
-                period = 0.0
-            if period and now - link.last_sent >= period and not link.out:
+            beats = engaged or self.avoid >> link.rail & 1
+            if beats and now - link.last_sent >= hb and not link.out:
                 self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
             if link.pending_since is not None:
                 due = min(due, link.silent_at)
-            if period:
+            if beats:
                 # (a link with bytes queued beats once they are out)
-                due = min(due, max(link.last_sent, now) + period if link.out else link.last_sent + period)
+                due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
         if self.relay is not None:
             due = self._relay_tick(now, due)
         if self.inbound.ack_owed:
