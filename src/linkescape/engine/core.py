@@ -250,12 +250,10 @@ class Engine:
         re-checked, only the links that are down looked at."""
         out = []
         for rank, rail in list(self.down):
-            peer = self.peers.get(rank)
-            if peer is None or rank > self.rank or peer.lost is not None:
-                continue
-            st = peer.status[rail]
-            if st.state is State.DOWN:
-                out.append((rank, rail, st.next_probe, st.never_up))
+            if rank < self.rank:
+                due = self.redial_due(rank, rail)
+                if due is not None:
+                    out.append((rank, rail) + due)
         return out
 
     def redial_due(self, peer_rank: int, rail: int) -> Optional[tuple]:
