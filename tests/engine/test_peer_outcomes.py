@@ -190,6 +190,19 @@ def test_the_peers_rail_word_takes_its_rail_down_at_once(rig):
     assert rig.peer.active == [1]
 
 
+def test_a_rail_the_peer_holds_out_is_left_with_a_failover_event(rig):
+    """The peer found rail 0 lossy first and holds it out (its heartbeat's avoid bits) while our link on
+    it is still up: traffic moves off it, and the trail says so, as when our own link goes down."""
+    assert rig.peer.active == [0]
+    out = rig.send(1, pack_header(HEARTBEAT, 0, 0, arg=1))  # avoid bit 0
+    assert ("failover", 1, "degraded") in events(out) and rig.peer.active == [1]
+    assert not [e for e in events(rig.send(1, pack_header(HEARTBEAT, 0, 0, arg=1))) if e[0] == "failover"]  # once
+    # the link it held out then goes (the peer re-dialed it): no second failover, traffic is already off it
+    out = rig.open(0, peer_expected=1)
+    assert ("link_down", 0, "socket_error") in events(out)
+    assert not [e for e in events(out) if e[0] == "failover"] and rig.peer.active == [1]
+
+
 def test_fail_back_waits_for_the_hold_down_in_virtual_time(rig):
     rig.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
     assert rig.peer.active == [1]

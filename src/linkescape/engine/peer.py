@@ -339,7 +339,10 @@ class PeerChannel:
         self.link_down(link, failure_event(exc), detail=f"{what}: {exc}")
 
     def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None,
-                opened: Optional[int] = None) -> None:
+                opened: Optional[int] = None, held_out: int = 0) -> None:
+        """Choose the rails that carry (or the relay). ``moved_from``: the active
+        rail whose link just went down; ``held_out``: rails the peer just held
+        out (grey) while their links stay up: leaving one is a failover too."""
         policy = self.env.policy
         old = self.active
         held = self.avoid | self.peer_avoid
@@ -365,8 +368,13 @@ class PeerChannel:
         if moved_from is not None:
             self.sender.replay = True  # what was on the dead link is lost: resend all unacked
         if old and new != old:
+            left = [r for r in old if r not in new and held_out >> r & 1]
             if moved_from is not None:
                 self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
+            elif left:
+                # the peer found the rail lossy or silent before we did: its
+                # link is still up here, but traffic moved off it all the same
+                self._emit("failover", new[0], cause or "degraded", from_rail=left[0])
             elif (new[0] == policy.primary or (policy.stripe and len(new) > len(old))) and any(
                     r != opened for r in new if r not in old):
                 # (a rail whose first link just opened is not failed back to: a primary link opened
@@ -591,9 +599,10 @@ class PeerChannel:
             self.relay_load = arg >> LOAD_SHIFT
             avoid = arg & AVOID_MASK
             if avoid != self.peer_avoid:
+                newly = avoid & ~self.peer_avoid
                 self.peer_avoid = avoid
                 self.env.soon(0.0)  # a rail held out: the timers keep a close eye on the peer
-                self.reroute(self.env.clock.now())
+                self.reroute(self.env.clock.now(), held_out=newly)
                 self.sender.pump()
         elif kind == BYE:
             # The peer drained before saying BYE: whatever we still wait for
