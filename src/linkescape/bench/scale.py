@@ -24,7 +24,11 @@ side in the same processes:
 - ``fds``: descriptors the backend opened, per rank;
 - ``allreduce_4B_us`` and ``allreduce_1MiB_us``: the slowest rank's mean time of
   a loop of all_reduce calls, backends alternating which goes first in each
-  round; the median of the rounds.
+  round; the median of the rounds. Python's first full garbage collection
+  after the imports (torch's objects: 80 ms per process, measured) is run
+  before the timed rounds, as timing tools do: left to chance, it fell into
+  the round of whichever backend happened to run then (at 2 ranks one 80 ms
+  stall in 200 calls tripled that round's mean).
 
 Rows go to stdout as a table and, with ``--json``, as JSON Lines.
 """
@@ -32,6 +36,7 @@ Rows go to stdout as a table and, with ``--json``, as JSON Lines.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -186,6 +191,7 @@ class ScaleRank:
                    "idle_cpu": {"linkescape": cpu_le / wall, "gloo": max(0.0, cpu_all - cpu_le) / wall},
                    "store_calls_per_s": {"linkescape": calls[0] / wall, "gloo": calls[1] / wall},
                    "times": {}}
+        gc.collect()  # the imports' full collection, before any timed round (see the module doc)
         for size, iters in ((4, 200), (1 << 20, 20)):
             buf = np.ones(size // 4, np.float32)
             tbuf = torch.from_numpy(buf.copy())
