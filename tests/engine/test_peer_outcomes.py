@@ -129,8 +129,12 @@ def test_silence_is_found_after_the_silent_timeout_in_virtual_time(rig):
     rig.kernel.silence[link.fd] = 0.0  # ... and none has come
     due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
     assert not events(out)
-    assert due == pytest.approx(rig.clock.now() + 0.2)
-    rig.clock.advance_ms(150)
+    assert due == pytest.approx(rig.clock.now() + 0.05)  # a follow-up frame, if still unacknowledged then
+    rig.clock.advance_ms(50)
+    rig.kernel.silence[link.fd] = 0.05
+    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert [h.kind for h in rig.frames_at_remote(0)] == [HEARTBEAT, HEARTBEAT]  # the probe, its follow-up
+    rig.clock.advance_ms(100)
     rig.kernel.silence[link.fd] = 0.15
     _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
     assert not events(out)
@@ -144,6 +148,47 @@ def test_silence_is_found_after_the_silent_timeout_in_virtual_time(rig):
     assert rig.peer.active == [1]
     # the other end is told over the surviving rail
     assert [h.arg for h in rig.frames_at_remote(1) if h.kind == 7] == [0]
+
+
+def test_a_probe_acknowledged_within_an_interval_is_not_watched_further(rig):
+    link = rig.links[1]
+    rig.peer.probe(1, rig.clock.now())
+    rig.frames_at_remote(1)
+    rig.kernel.silence[link.fd] = None  # acknowledged
+    rig.clock.advance_ms(50)
+    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert link.pending_since is None and not rig.frames_at_remote(1)  # no follow-up, nothing watched
+
+
+def test_a_lone_lost_probe_gets_a_follow_up_before_the_link_is_called_silent(rig):
+    """A probed link looked at only after the silent timeout (its peer was not hot): one lost segment on a
+    live path is retransmitted by the kernel only after ~200 ms, so silence alone is not a verdict yet.
+    A frame goes behind it; its duplicate ack answers at once if the path lives, and nothing if it is dead."""
+    link = rig.links[1]
+    rig.peer.probe(1, rig.clock.now())
+    rig.frames_at_remote(1)
+    rig.clock.advance_ms(250)
+    rig.kernel.silence[link.fd] = 0.25
+    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out) and [h.kind for h in rig.frames_at_remote(1)] == [HEARTBEAT]
+    assert due == pytest.approx(rig.clock.now() + 0.05)
+    # the path lives: the follow-up's duplicate ack came (the first segment is still being repaired)
+    rig.clock.advance_ms(50)
+    rig.kernel.silence[link.fd] = 0.049
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out) and rig.peer.links[1] is link
+    # a dead path: nothing answers the follow-up either
+    link2 = rig.links[0]
+    rig.peer.probe(0, rig.clock.now())
+    rig.clock.advance_ms(250)
+    rig.kernel.silence[link2.fd] = 0.25
+    rig.kernel.silence[link.fd] = None
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(out)
+    rig.clock.advance_ms(50)
+    rig.kernel.silence[link2.fd] = 0.3
+    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert ("link_down", 0, "timeout") in events(out)
 
 
 def test_an_acknowledged_link_is_never_silent(rig):

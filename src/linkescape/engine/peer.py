@@ -724,8 +724,12 @@ class PeerChannel:
             beats = engaged or self.avoid >> link.rail & 1
             if beats and now - link.last_sent >= hb and not link.out:
                 self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+            elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:
+                self._follow_up(link)
             if link.pending_since is not None:
                 due = min(due, link.silent_at)
+                if not beats:
+                    due = min(due, link.last_sent + hb)
             if beats:
                 # (a link with bytes queued beats once they are out)
                 due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
@@ -737,6 +741,26 @@ class PeerChannel:
             else:
                 due = min(due, self.ack_due)
         return due, self._done()
+
+    def _follow_up(self, link: Link) -> None:
+        """Bytes of ours (a probe, the last frames of an operation) went out a
+        heartbeat interval ago on a link that does not beat: acknowledged by
+        now, the link is not watched any more; still waiting, it gets one more
+        frame. A lone segment lost on a healthy path (a queue that overflowed)
+        is sent again by the kernel only after ~200 ms (a loss probe waits
+        out the delayed-ack bound when one segment is in flight, and so does
+        the minimum retransmission timeout): as long as the silent timeout,
+        so that one loss would read as a dead link. The frame behind it draws
+        the peer kernel's duplicate ack at once (and a fast retransmission),
+        where a dead path stays silent."""
+        try:
+            silent = self.env.ack_silence(link.sock)
+        except OSError:
+            return  # the silence check finds out
+        if silent is None:
+            link.pending_since = None
+        else:
+            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
 
     def _relay_tick(self, now: float, due: float) -> float:
         relay = self.relay
@@ -839,6 +863,14 @@ class PeerChannel:
         if link.pending_since is None:
             link.pending_since = now
         quiet_for = min(silent, now - link.pending_since)
+        hb = self.env.config.heartbeat_interval
+        if quiet_for > timeout and link.last_sent - link.pending_since < hb / 2 and not link.out:
+            # nothing went out behind the waiting bytes for an interval (a probed link, looked at
+            # late): a lone lost segment waits ~200 ms for the kernel's retransmission. One more
+            # frame first (see _follow_up): its duplicate ack comes at once on a live path.
+            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+            link.silent_at = now + hb
+            return False
         # the earliest this silence can pass the timeout: check again then
         link.silent_at = now + max(timeout - quiet_for, 0.001)
         return quiet_for > timeout
