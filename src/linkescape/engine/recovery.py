@@ -99,6 +99,9 @@ class Recovery:
         #: links of emulated cuts, closed when their rail returns
         self.severed: List[Link] = []
         self.closed = False
+        #: False until every rank's start-up is done (``release``): links are accepted meanwhile, but
+        #: none is dialed, so that ranks done first do not take the CPU from those still starting
+        self.dials_open = True
         #: returns from this thread's poll (the idle-cost tests count them)
         self.wakeups = 0
         self.monitor = None
@@ -120,6 +123,15 @@ class Recovery:
 
     def start(self) -> None:
         self.thread.start()
+
+    def hold_dials(self) -> None:
+        """(before ``start``) Dial nothing until ``release``."""
+        self.dials_open = False
+
+    def release(self) -> None:
+        """Every rank's start-up is done: dial the links still to open."""
+        self.dials_open = True
+        self.wake()
 
     # ------------------------------------------------------------ carrier (engine thread, lock held)
     def _on_carrier(self, _events: int) -> None:
@@ -207,7 +219,7 @@ class Recovery:
         (only those are looked at), a dial's or probe's deadline, a wanted
         probe; None when nothing is."""
         due = None
-        for peer, rail, next_probe, _first in self.engine.down_links():
+        for peer, rail, next_probe, _first in (self.engine.down_links() if self.dials_open else ()):
             if rail not in self.local_down and (peer, rail) not in self.dialing:
                 due = next_probe if due is None else min(due, next_probe)
         for _key, dial in self._dials.values():
@@ -224,7 +236,7 @@ class Recovery:
 
     # ------------------------------------------------------------ re-dialing
     def _start_dials(self, now: float) -> None:
-        if self.engine.closed:
+        if self.engine.closed or not self.dials_open:
             return
         # the primary rail's links first: at start-up (backups, and with connect_at_start=neighbours
         # every link but the neighbours') traffic goes on the primary as soon as it can
