@@ -77,6 +77,13 @@ class Rig:
         self.links[rail] = link
         return self.peer.open_link(link, peer_expected)
 
+    def after(self, ms: float, silence=None):
+        """``ms`` later, the kernel saying ``silence`` ({link: seconds since an ack, or None}): the timers."""
+        self.clock.advance_ms(ms)
+        for link, seconds in (silence or {}).items():
+            self.kernel.silence[link.fd] = seconds
+        return self.peer.tick(self.clock.now(), False, self.clock.now() + 1, False)
+
     def send(self, rail: int, *frames: bytes) -> list:
         self.remote[rail].sendall(b"".join(frames))
         return list(self.peer.on_event(self.links[rail], POLLIN))
@@ -126,21 +133,13 @@ def test_start_up_links_report_link_up_and_the_primary_carries(rig):
 def test_silence_is_found_after_the_silent_timeout_in_virtual_time(rig):
     link = rig.links[0]
     rig.peer.probe(0, rig.clock.now())  # a heartbeat waits for the peer kernel's ack from now
-    rig.kernel.silence[link.fd] = 0.0  # ... and none has come
-    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    due, out = rig.after(0, {link: 0.0})  # ... and none has come
     assert not events(out)
     assert due == pytest.approx(rig.clock.now() + 0.05)  # a follow-up frame, if still unacknowledged then
-    rig.clock.advance_ms(50)
-    rig.kernel.silence[link.fd] = 0.05
-    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    rig.after(50, {link: 0.05})
     assert [h.kind for h in rig.frames_at_remote(0)] == [HEARTBEAT, HEARTBEAT]  # the probe, its follow-up
-    rig.clock.advance_ms(100)
-    rig.kernel.silence[link.fd] = 0.15
-    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-    assert not events(out)
-    rig.clock.advance_ms(60)
-    rig.kernel.silence[link.fd] = 0.21
-    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    assert not events(rig.after(100, {link: 0.15})[1])
+    _, out = rig.after(60, {link: 0.21})
     assert ("link_down", 0, "timeout") in events(out)
     assert ("failover", 1, "timeout") in events(out)
     assert any(isinstance(o, LinkDown) and o.link is link for o in out)
@@ -154,41 +153,26 @@ def test_a_probe_acknowledged_within_an_interval_is_not_watched_further(rig):
     link = rig.links[1]
     rig.peer.probe(1, rig.clock.now())
     rig.frames_at_remote(1)
-    rig.kernel.silence[link.fd] = None  # acknowledged
-    rig.clock.advance_ms(50)
-    rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    rig.after(50, {link: None})  # acknowledged
     assert link.pending_since is None and not rig.frames_at_remote(1)  # no follow-up, nothing watched
 
 
 def test_a_lone_lost_probe_gets_a_follow_up_before_the_link_is_called_silent(rig):
     """A probed link looked at only after the silent timeout (its peer was not hot): one lost segment on a
-    live path is retransmitted by the kernel only after ~200 ms, so silence alone is not a verdict yet.
+    live path is retransmitted by the kernel only after ~250 ms, so silence alone is not a verdict yet.
     A frame goes behind it; its duplicate ack answers at once if the path lives, and nothing if it is dead."""
-    link = rig.links[1]
+    link, other = rig.links[1], rig.links[0]
     rig.peer.probe(1, rig.clock.now())
     rig.frames_at_remote(1)
-    rig.clock.advance_ms(250)
-    rig.kernel.silence[link.fd] = 0.25
-    due, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
+    due, out = rig.after(250, {link: 0.25})
     assert not events(out) and [h.kind for h in rig.frames_at_remote(1)] == [HEARTBEAT]
     assert due == pytest.approx(rig.clock.now() + 0.05)
     # the path lives: the follow-up's duplicate ack came (the first segment is still being repaired)
-    rig.clock.advance_ms(50)
-    rig.kernel.silence[link.fd] = 0.049
-    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-    assert not events(out) and rig.peer.links[1] is link
+    assert not events(rig.after(50, {link: 0.049})[1]) and rig.peer.links[1] is link
     # a dead path: nothing answers the follow-up either
-    link2 = rig.links[0]
     rig.peer.probe(0, rig.clock.now())
-    rig.clock.advance_ms(250)
-    rig.kernel.silence[link2.fd] = 0.25
-    rig.kernel.silence[link.fd] = None
-    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-    assert not events(out)
-    rig.clock.advance_ms(50)
-    rig.kernel.silence[link2.fd] = 0.3
-    _, out = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 1, False)
-    assert ("link_down", 0, "timeout") in events(out)
+    assert not events(rig.after(250, {other: 0.25, link: None})[1])
+    assert ("link_down", 0, "timeout") in events(rig.after(50, {other: 0.3})[1])
 
 
 def test_an_acknowledged_link_is_never_silent(rig):
