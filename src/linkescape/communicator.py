@@ -152,9 +152,9 @@ class Communicator:
         """(``connect_at_start=neighbours``) Wait until every rank's start-up is done, its engine and
         threads running, then let recovery dial the links start-up left (the other peers', the
         backups). A rank done first used to dial at once: on a host with more ranks than cores its
-        handshakes took the CPU from the ranks still starting, the slowest rank's init took 145-204 ms
-        at 32 ranks on 2 cores against 92-143 ms with the dials held (bench --scale measures it). The
-        barrier's wait also covers the threads' start-up, which on a loaded host waits for the CPU."""
+        handshakes took the CPU from the ranks still starting (the slowest rank's init at 32 ranks on
+        2 cores: 148-183 ms, against 95-157 ms this way; see docs/benchmarks.md). The barrier's wait
+        also covers the threads' start-up, which on a loaded host waits for the CPU."""
         barrier, self._barrier = getattr(self, "_barrier", None), None
         if barrier is None:
             return

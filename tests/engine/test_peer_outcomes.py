@@ -175,6 +175,18 @@ def test_a_lone_lost_probe_gets_a_follow_up_before_the_link_is_called_silent(rig
     assert ("link_down", 0, "timeout") in events(rig.after(50, {other: 0.3})[1])
 
 
+def test_a_waiting_link_with_bytes_stuck_in_its_queue_does_not_spin_the_timers(rig):
+    """Bytes wait for an ack and more are queued behind a full socket (no POLLOUT for a while): the
+    follow-up waits for the queue to go out, and the timers are not due again before an interval."""
+    link = rig.links[1]
+    rig.peer.probe(1, rig.clock.now())
+    link.out.append(object())  # a frame the full socket did not take (never written: cleared below)
+    rig.clock.advance_ms(120)
+    due, _ = rig.peer.tick(rig.clock.now(), False, rig.clock.now() + 10, False)
+    link.out.clear()
+    assert due >= rig.clock.now() + 0.05 - 1e-9
+
+
 def test_an_acknowledged_link_is_never_silent(rig):
     link = rig.links[0]
     rig.peer.probe(0, rig.clock.now())

@@ -729,7 +729,8 @@ class PeerChannel:
             if link.pending_since is not None:
                 due = min(due, link.silent_at)
                 if not beats:
-                    due = min(due, link.last_sent + hb)
+                    # (a link with bytes queued, its socket full, follows up once they are out)
+                    due = min(due, (max(link.last_sent, now) if link.out else link.last_sent) + hb)
             if beats:
                 # (a link with bytes queued beats once they are out)
                 due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
@@ -747,10 +748,10 @@ class PeerChannel:
         heartbeat interval ago on a link that does not beat: acknowledged by
         now, the link is not watched any more; still waiting, it gets one more
         frame. A lone segment lost on a healthy path (a queue that overflowed)
-        is sent again by the kernel only after ~200 ms (a loss probe waits
-        out the delayed-ack bound when one segment is in flight, and so does
-        the minimum retransmission timeout): as long as the silent timeout,
-        so that one loss would read as a dead link. The frame behind it draws
+        is sent again by the kernel only after ~250 ms (measured; a loss probe
+        waits out the delayed-ack bound when one segment is in flight, and so
+        does the minimum retransmission timeout): past the silent timeout, so
+        that one loss would read as a dead link. The frame behind it draws
         the peer kernel's duplicate ack at once (and a fast retransmission),
         where a dead path stays silent."""
         try:
@@ -866,7 +867,7 @@ class PeerChannel:
         hb = self.env.config.heartbeat_interval
         if quiet_for > timeout and link.last_sent - link.pending_since < hb / 2 and not link.out:
             # nothing went out behind the waiting bytes for an interval (a probed link, looked at
-            # late): a lone lost segment waits ~200 ms for the kernel's retransmission. One more
+            # late): a lone lost segment waits ~250 ms for the kernel's retransmission. One more
             # frame first (see _follow_up): its duplicate ack comes at once on a live path.
             self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
             link.silent_at = now + hb
