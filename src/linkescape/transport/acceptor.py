@@ -293,9 +293,9 @@ class Acceptor:
                       else "handshake" if isinstance(exc, HandshakeError) else "closed")
         if isinstance(exc, AuthError) and exc.peer is not None:
             self.auth_failures[exc.peer] = self.auth_failures.get(exc.peer, 0) + 1
+        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1  # (before the total: readers poll it)
         if reason != "later":  # (not a failure: see NotYet)
             self.rejected += 1  # counted before the other side can see the close
-        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + 1
         self._log(p, reason, exc)
         if p.hs.state == "failed" and not p.out:  # best effort: tell the dialer why
             rest = p.hs.data_to_send()
