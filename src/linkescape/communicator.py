@@ -136,6 +136,7 @@ class Communicator:
         self.events = EventLog(rank, self.config.events)
         self._setup = None
         self._recovery = None
+        self._barrier = None  # (store, deadline) of the start-up barrier (neighbours mode)
         if world_size > 1:
             self._connect(store)
         else:
@@ -155,7 +156,7 @@ class Communicator:
         handshakes took the CPU from the ranks still starting (the slowest rank's init at 32 ranks on
         2 cores: 148-183 ms, against 95-157 ms this way; see docs/benchmarks.md). The barrier's wait
         also covers the threads' start-up, which on a loaded host waits for the CPU."""
-        barrier, self._barrier = getattr(self, "_barrier", None), None
+        barrier, self._barrier = self._barrier, None
         if barrier is None:
             return
         store, deadline = barrier

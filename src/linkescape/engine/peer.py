@@ -278,7 +278,7 @@ class PeerChannel:
         self.holds[rail].new_link(now)
         if self.avoid:
             # tell the peer at once which rails we hold out (heartbeats repeat it)
-            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+            self._beat(link)
         if reopened:
             self.eof_since = None
             out = self.outbound
@@ -437,7 +437,7 @@ class PeerChannel:
         self.active = []
         self.sender.replay = True
         self.sender.pump()
-        self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
+        self._beat()
         path.last_sent = self.relay_heard
         return self._done()
 
@@ -686,13 +686,20 @@ class PeerChannel:
     def _beat_arg(self) -> int:
         return (self.avoid & AVOID_MASK) | (min(self.env.relaying, 0xFFFF) << LOAD_SHIFT)
 
+    def _beat(self, link: Optional[Link] = None) -> None:
+        """A heartbeat (our avoid bits and relay load) on ``link``, or on the active path."""
+        if link is None:
+            self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
+        else:
+            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+
     def probe(self, rail: int, now: float) -> Optional[Link]:
         """Give an idle link something to acknowledge (the probe budget);
         the link probed, or None."""
         link = self.links[rail]
         if link is None or self.status[rail].state is not State.UP or link.out:
             return None
-        self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+        self._beat(link)
         if link.pending_since is None:
             link.pending_since = now
         return link
@@ -723,7 +730,7 @@ class PeerChannel:
                 continue
             beats = engaged or self.avoid >> link.rail & 1
             if beats and now - link.last_sent >= hb and not link.out:
-                self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+                self._beat(link)
             elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:
                 self._follow_up(link)
             if link.pending_since is not None:
@@ -761,7 +768,7 @@ class PeerChannel:
         if silent is None:
             link.pending_since = None
         else:
-            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+            self._beat(link)
 
     def _relay_tick(self, now: float, due: float) -> float:
         relay = self.relay
@@ -770,7 +777,7 @@ class PeerChannel:
             return due
         hb = self.env.config.heartbeat_interval
         if now - relay.last_sent >= hb:
-            self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
+            self._beat()
             relay.last_sent = now
         due = min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
         out = self.outbound
@@ -869,7 +876,7 @@ class PeerChannel:
             # nothing went out behind the waiting bytes for an interval (a probed link, looked at
             # late): a lone lost segment waits ~250 ms for the kernel's retransmission. One more
             # frame first (see _follow_up): its duplicate ack comes at once on a live path.
-            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
+            self._beat(link)
             link.silent_at = now + hb
             return False
         # the earliest this silence can pass the timeout: check again then
