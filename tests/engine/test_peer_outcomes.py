@@ -244,6 +244,34 @@ def test_a_rail_the_peer_holds_out_is_left_with_a_failover_event(rig):
     assert not [e for e in events(out) if e[0] == "failover"] and rig.peer.active == [1]
 
 
+def test_a_held_rail_beats_four_times_an_interval_and_needs_that_evidence_to_come_back(rig):
+    """A degraded rail is held out; its re-dialed link carries heartbeats four times a heartbeat
+    interval, and it is clean again only after a hold-down watched from a first look at the new
+    connection's counters, with enough segments sent (protocol/grey.Hold)."""
+    rig.peer.degraded(rig.links[0])
+    assert rig.peer.avoid & 1 and rig.peer.active == [1]
+    rig.clock.advance_ms(50)
+    rig.open(0, peer_expected=1)  # re-dialed
+    held = rig.links[0]
+    rig.frames_at_remote(0)
+    beats = 0
+    for _ in range(80):  # one second
+        rig.after(12.5, {held: None})
+        beats += len([h for h in rig.frames_at_remote(0) if h.kind == HEARTBEAT])
+    assert 76 <= beats <= 80
+    assert not [h for h in rig.frames_at_remote(1) if h.kind == HEARTBEAT]  # the active link is idle
+    now = rig.clock.now()
+    assert not events(rig.peer.hold_sample(held, now, 2, 100))  # first look at this connection
+    rig.clock.advance_ms(1000)
+    assert not events(rig.peer.hold_sample(held, rig.clock.now(), 2, 150))  # a second clean, 50 segments
+    assert rig.peer.avoid & 1
+    rig.clock.advance_ms(100)
+    assert not events(rig.peer.hold_sample(held, rig.clock.now(), 3, 160))  # a retransmission: again
+    rig.clock.advance_ms(1000)
+    out = rig.peer.hold_sample(held, rig.clock.now(), 3, 240)
+    assert not rig.peer.avoid & 1 and ("failback", 0, None) in events(out)
+
+
 def test_fail_back_waits_for_the_hold_down_in_virtual_time(rig):
     rig.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
     assert rig.peer.active == [1]

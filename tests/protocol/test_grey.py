@@ -119,15 +119,18 @@ def test_hold_ends_only_after_a_clean_hold_down_that_doubles():
     hold.trip(0.0)
     assert hold.length == 3.0
     segs = 0
+    sent = 0
     t = 0.0
     while t < 10.0:  # still losing: never released
         t += 0.1
         segs += 1
-        assert not hold.sample(t, segs)
+        sent += 8
+        assert not hold.sample(t, segs, sent)
     released = None
     while t < 20.0:  # clean from now on
         t += 0.1
-        if hold.sample(t, segs):
+        sent += 8
+        if hold.sample(t, segs, sent):
             released = t
             break
     assert released is not None and 2.9 <= released - 10.0 <= 3.3
@@ -140,6 +143,28 @@ def test_hold_ends_only_after_a_clean_hold_down_that_doubles():
     assert hold.length == 3.0
 
 
+def test_a_hold_is_not_released_on_a_connection_it_never_watched():
+    """The chaos soak that failed on 2026-12-03: a re-dialed link on the held
+    rail, first looked at a second later, must not count that second as clean."""
+    hold = Hold(base=1.0)
+    hold.trip(0.0)
+    hold.new_link(0.05)
+    assert not hold.sample(1.2, 7, 500)  # the first look: a baseline, not a verdict
+    assert not hold.sample(1.7, 7, 560)
+    assert hold.sample(2.2, 7, 560)  # clean for the hold-down since the first look, 60 segments
+
+
+def test_a_hold_needs_enough_heartbeats_to_call_a_rail_clean():
+    """Few segments without a retransmission say little: at 18.8 % loss, 20 of
+    them get through clean 1.5 % of the time."""
+    hold = Hold(base=1.0, min_segments=60)
+    hold.trip(0.0)
+    assert not hold.sample(0.1, 3, 100)
+    assert not hold.sample(1.5, 3, 120)  # 1.4 s clean, but 20 segments only
+    assert not hold.sample(3.0, 3, 159)
+    assert hold.sample(3.1, 3, 160)
+
+
 def test_a_rail_that_served_cleanly_after_its_hold_starts_again_from_the_base():
     """Repeated faults of a rail that each time came back and carried traffic
     (a blackhole repaired every few seconds) are new faults, not a flapping
@@ -149,12 +174,14 @@ def test_a_rail_that_served_cleanly_after_its_hold_starts_again_from_the_base():
     for _ in range(10):
         hold.trip(t)
         assert hold.length == 1.0
-        assert hold.sample(t + 0.5, 0) is False  # not clean for a hold-down yet
-        t += 1.05
-        assert hold.sample(t, 0) is True  # clean for the hold-down: back in service
+        assert hold.sample(t + 0.05, 0, 0) is False  # the first look
+        assert hold.sample(t + 0.5, 0, 40) is False  # not clean for a hold-down yet
+        t += 1.1
+        assert hold.sample(t, 0, 80) is True  # clean for the hold-down: back in service
         t += 6.0  # served cleanly past the settle time
     hold.trip(t)
+    hold.sample(t, 0, 0)
     t += 1.05
-    assert hold.sample(t, 0)
+    assert hold.sample(t, 0, 80)
     hold.trip(t + 1.0)  # failed again 1 s after it was back
     assert hold.length == 2.0

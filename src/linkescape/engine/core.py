@@ -641,7 +641,7 @@ class Engine:
                 w = link.grey.measure(sample)
                 if held:
                     busy = True
-                    self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs))
+                    self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs, sample.data_segs))
                 elif w is not None:
                     busy = busy or (w.busy >= link.grey.min_busy * w.dt and w.sent >= GREY_BULK)
                     windows.setdefault(link.rail, []).append(w)

@@ -48,6 +48,9 @@ PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
 #: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
 RELAY_SILENT = 1.0
+#: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
+HELD_BEATS = 4
+
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
 AVOID_MASK = 0xFF
 LOAD_SHIFT = 8
@@ -728,8 +731,10 @@ class PeerChannel:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            beats = engaged or self.avoid >> link.rail & 1
-            if beats and now - link.last_sent >= hb and not link.out:
+            held = self.avoid >> link.rail & 1
+            beats = engaged or held
+            iv = hb / HELD_BEATS if held else hb  # (a held rail's evidence: see Hold)
+            if beats and now - link.last_sent >= iv and not link.out:
                 self._beat(link)
             elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:
                 self._follow_up(link)
@@ -740,7 +745,7 @@ class PeerChannel:
                     due = min(due, (max(link.last_sent, now) if link.out else link.last_sent) + hb)
             if beats:
                 # (a link with bytes queued beats once they are out)
-                due = min(due, max(link.last_sent, now) + hb if link.out else link.last_sent + hb)
+                due = min(due, max(link.last_sent, now) + iv if link.out else link.last_sent + iv)
         if self.relay is not None:
             due = self._relay_tick(now, due)
         if self.inbound.ack_owed:
@@ -831,10 +836,10 @@ class PeerChannel:
                 return True
         return False
 
-    def hold_sample(self, link: Link, now: float, retrans_segs: int):
+    def hold_sample(self, link: Link, now: float, retrans_segs: int, data_segs: int):
         """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
         hold = self.holds[link.rail]
-        if hold.sample(now, retrans_segs):
+        if hold.sample(now, retrans_segs, data_segs):
             self.avoid &= ~(1 << link.rail)
             log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, hold.length)
             self._failback(now)

@@ -285,7 +285,7 @@ def tcp_sample(sock: socket.socket, now: float):
     def u64(o: int) -> int:
         return int.from_bytes(info[o:o + 8], "little") if len(info) >= o + 8 else 0
     return TcpSample(now=now, acked=u64(120), busy_us=u64(168), rwnd_us=u64(176), sent=u64(200),
-                     retrans=u64(208), retrans_segs=u32(100))
+                     retrans=u64(208), retrans_segs=u32(100), data_segs=u32(156))
 
 
 #: descriptors kept free beside the links (listeners, the store, logs, the user's own files)
