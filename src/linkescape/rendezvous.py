@@ -98,7 +98,14 @@ def _store_host(store) -> Optional[str]:
 
 # ------------------------------------------------------------------ store
 def _store_get(store, key: str, deadline: float, waiting_for: int):
-    """Get with a deadline, for torch stores (check) and plain get/set objects."""
+    """Get with a deadline, for torch stores (wait, else check) and plain get/set objects."""
+    wait = getattr(store, "wait", None)
+    if wait is not None:  # woken when the key is set (a poll's sleep would add up to 5 ms a rank)
+        try:
+            wait([key], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            return store.get(key)
+        except Exception as exc:  # noqa: BLE001 - a timeout, or a store that cannot wait
+            log.debug("store.wait for %s failed (%s); checking instead", key, exc)
     check = getattr(store, "check", None)
     if check is not None:
         while True:
