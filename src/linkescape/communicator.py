@@ -647,7 +647,7 @@ class Communicator:
         if getattr(self, "_metrics", None) is not None:
             self._metrics.close()
         if self._recovery is not None:
-            self._recovery.close()
+            self._recovery.close(graceful)
         self._driver.close(graceful=graceful)  # the engine, its background thread and its beacon
         if self._setup is not None:
             self._setup.close()

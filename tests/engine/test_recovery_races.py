@@ -132,3 +132,30 @@ def test_a_dial_leaves_dialing_only_once_the_engine_took_its_outcome():
     finally:
         a.close()
         b.close()
+
+
+class _Accepted:
+    def __init__(self, sock) -> None:
+        self.sock, self.peer, self.rail, self.epoch = sock, 0, 1, 2
+        self.peer_expected, self.link_key = 1, None
+
+
+def test_a_handshake_completed_before_close_is_adopted_so_that_it_gets_a_bye():
+    """A rank that closes right after start-up: a peer's backup handshake completed (the peer counts
+    the link as up) and recovery's thread had not looked again. Closing it unseen was a reset at the
+    peer, which then found every rail refused and failed with PeerLost."""
+    eng, auth, rec = _recovery()
+    a, b = socket.socketpair()
+    polled = []
+
+    def poll(admit):
+        polled.append(admit(0, 1, 2))
+        return [_Accepted(a)]
+    rec.acceptor.poll = poll
+    try:
+        rec.close()
+        assert polled == [1] and [(l.peer, l.rail) for l in eng.adopted] == [(0, 1)]
+    finally:
+        for link in eng.adopted:
+            link.close()
+        b.close()

@@ -693,6 +693,11 @@ class Engine:
         if self.closed:
             return
         if graceful and self.fatal is None:
+            # links that a dial or an accept finished and no round adopted yet (a rank closing right
+            # after start-up, its backups just opened): in service now, so they get a BYE too. Closed
+            # without one, the peer that adopted its end saw a reset, found us refusing every rail,
+            # and failed with PeerLost although we had left in good order
+            self._run_soon()
             self._drain(self.clock.now() + drain)
             self._goodbye(self.clock.now() + 2.0)
         self.closed = True

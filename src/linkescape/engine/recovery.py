@@ -372,11 +372,20 @@ class Recovery:
                 self.dialing.discard((peer, rail))
         eng.call_soon(adopt)
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         self.closed = True
         self.wake()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=3.0)
+        if graceful and not self.thread.is_alive():
+            # Handshakes that completed since the thread's last look (their dialer already counts
+            # the link as up): adopted now, so that the engine's close says BYE on them rather than
+            # a reset that the dialer would take for a failure (it then finds us refusing every
+            # rail: PeerLost, although we left in good order).
+            try:
+                self._accept()
+            except Exception as exc:  # noqa: BLE001 - best effort, we are closing
+                log.debug("rank %d: last look at incoming handshakes: %s", self.engine.rank, exc)
         for _key, dial in self._dials.values():
             dial.close()
         for probe in self._probes.values():
