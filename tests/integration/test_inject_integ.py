@@ -26,6 +26,12 @@ def _inject(comm, kind):
     if r == 0:
         comm.inject_fault(0, "restore")
     time.sleep(1.0)  # hold-down (0.3 s here) then failback
+    # a held rail comes back once it also carried 60 clean heartbeats (protocol/grey.Hold): on a
+    # loaded host that can take longer than the sleep; rank 0 (the one asserted on) waits for it
+    deadline = time.monotonic() + 10.0
+    while (r == 0 and time.monotonic() < deadline
+           and not any(e["event"] == "failback" for e in comm.events.recent())):
+        time.sleep(0.05)
     comm.all_reduce(buf)
     events = [(e["event"], e.get("cause"), e.get("rail")) for e in comm.events.recent()]
     return events, comm.rail_bytes(), float(buf[0])
