@@ -14,7 +14,7 @@ import pytest
 
 from linkescape.config import Config
 from linkescape.errors import AuthError, HandshakeError, NotYet
-from linkescape.protocol.handshake import CHALLENGE, REJECT, LinkAuth, Msg, Reject
+from linkescape.protocol.handshake import CHALLENGE, REJECT, LinkAuth, Msg, Proved, Reject
 from linkescape.transport import tcp
 from linkescape.transport.acceptor import Acceptor
 
@@ -400,3 +400,39 @@ def test_a_dial_gives_up_a_silent_connect_soon_and_an_answered_handshake_late():
             dial.close()
     finally:
         slow.close()
+
+
+def test_a_dial_is_proved_from_its_proof_sent_until_the_answer_is_read():
+    """What a graceful close waits for (engine/recovery): a dial whose proof is sent may already be
+    a link at the acceptor, which adopts it as it answers; before its proof it is a link nowhere."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    try:
+        now = time.monotonic()
+        hs = LinkAuth(KEY, JOB, 1, 3, 1).dialer(0, 0, 2, 1, now + 5.0)
+        dial = tcp.Dial("127.0.0.1", lst.getsockname(), hs, Config(), now + 5.0)
+        peer, _ = lst.accept()
+        try:
+            acc = LinkAuth(KEY, JOB, 0, 3, 1).acceptor(now + 5.0)
+            dial.step(time.monotonic())
+            assert not dial.proved  # the HELLO alone
+            while acc.state == "hello":
+                acc.receive_data(peer.recv(acc.want()), time.monotonic())
+            peer.sendall(acc.data_to_send())  # the CHALLENGE
+            while not dial.proved:
+                assert not dial.step(time.monotonic())
+            event = None
+            while event is None:
+                event = acc.receive_data(peer.recv(acc.want()), time.monotonic())
+            assert isinstance(event, Proved)
+            acc.admit(1)
+            peer.sendall(acc.data_to_send())  # the ACCEPT: the link is up at the acceptor
+            while not dial.step(time.monotonic()):
+                pass
+            assert dial.done and not dial.proved
+        finally:
+            dial.close()
+            peer.close()
+    finally:
+        lst.close()

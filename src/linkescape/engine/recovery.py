@@ -45,6 +45,10 @@ PROBE_DEADLINE = 0.5
 PROBE_INTERVAL = 0.5
 #: seconds a link's first dial may take (connect and handshake), as at start-up
 FIRST_DIAL = 10.0
+#: how long a graceful close waits for the answer to dials whose proof is sent (see
+#: ``Recovery._finish_proved_dials``): an acceptor answers as it adopts, so this is one round trip
+#: on a healthy path, more on a loaded host
+CLOSE_DIALS = 1.0
 
 
 class _Probe:
@@ -372,6 +376,40 @@ class Recovery:
                 self.dialing.discard((peer, rail))
         eng.call_soon(adopt)
 
+    def _finish_proved_dials(self, until: float) -> None:
+        """(closing) Our dials whose proof is sent: the acceptor adopted the
+        link as it answered, so closed unfinished they were a reset at a peer
+        that counted the link as up (and, with no other link to us, then found
+        every rail refused: PeerLost although we left in good order). They get
+        until ``until`` to read the answer and be adopted, so that the
+        engine's close says BYE on them. Dials that proved nothing yet cannot
+        be up anywhere: they are closed at once."""
+        while True:
+            proved = {fd: kd for fd, kd in self._dials.items() if kd[1].proved}
+            now = self.clock.now()
+            if not proved or now >= until:
+                return
+            poller = select.poll()
+            for fd in proved:
+                poller.register(fd, select.POLLIN)
+            try:
+                ready = dict(poller.poll(max(until - now, 0.0) * 1000.0))
+            except (OSError, ValueError):
+                return
+            now = self.clock.now()
+            for fd, (key, dial) in proved.items():
+                if fd not in ready:
+                    continue
+                try:
+                    done = dial.step(now)
+                except (OSError, HandshakeError):
+                    del self._dials[fd]
+                    dial.close()
+                    continue
+                if done:
+                    del self._dials[fd]
+                    self._adopt(dial.sock, key[0], key[1], self.epochs[key], dial.established)
+
     def close(self, graceful: bool = True) -> None:
         self.closed = True
         self.wake()
@@ -386,6 +424,7 @@ class Recovery:
                 self._accept()
             except Exception as exc:  # noqa: BLE001 - best effort, we are closing
                 log.debug("rank %d: last look at incoming handshakes: %s", self.engine.rank, exc)
+            self._finish_proved_dials(self.clock.now() + CLOSE_DIALS)
         for _key, dial in self._dials.values():
             dial.close()
         for probe in self._probes.values():

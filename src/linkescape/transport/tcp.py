@@ -209,6 +209,12 @@ class Dial:
         return self.handshake.done and not self._out
 
     @property
+    def proved(self) -> bool:
+        """Our proof is sent and the answer not read yet: the acceptor may
+        count the link as up already (it adopts it as it sends ACCEPT)."""
+        return self.handshake.state == "accept" and not self._out
+
+    @property
     def wants_write(self) -> bool:
         return not self.connected or bool(self._out)
 
