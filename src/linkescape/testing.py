@@ -96,3 +96,15 @@ def raise_first(results: List[Any]) -> List[Any]:
             text = getattr(res, "__traceback_text__", "")
             raise AssertionError(f"rank {rank} raised {type(res).__name__}: {res}\n{text}") from res
     return results
+
+
+def frame_headers(data) -> list:
+    """The headers of the whole frames in ``data`` (bytes read from a link's far end), in order."""
+    from .protocol.frames import HEADER_SIZE, unpack_header
+
+    out, pos = [], 0
+    while pos + HEADER_SIZE <= len(data):
+        h = unpack_header(data[pos:pos + HEADER_SIZE])
+        out.append(h)
+        pos += HEADER_SIZE + h.length
+    return out

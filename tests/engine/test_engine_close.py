@@ -8,7 +8,8 @@ from linkescape.config import Config
 from linkescape.engine.clock import FakeClock
 from linkescape.engine.core import Engine
 from linkescape.engine.link import Link
-from linkescape.protocol.frames import BYE, HEADER_SIZE, unpack_header
+from linkescape.protocol.frames import BYE
+from linkescape.testing import frame_headers
 
 
 def _kinds(sock) -> list:
@@ -19,12 +20,7 @@ def _kinds(sock) -> list:
         if not chunk:
             break
         data += chunk
-    kinds, pos = [], 0
-    while pos + HEADER_SIZE <= len(data):
-        h = unpack_header(data[pos:pos + HEADER_SIZE])
-        kinds.append(h.kind)
-        pos += HEADER_SIZE + h.length
-    return kinds
+    return [h.kind for h in frame_headers(data)]
 
 
 def test_a_link_opened_but_not_yet_adopted_gets_a_bye_when_the_engine_closes():

@@ -22,6 +22,7 @@ from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEA
 from linkescape.protocol.grey import RailRate
 from linkescape.protocol.linkstate import PathPolicy
 from linkescape.protocol.railstate import RailWord
+from linkescape.testing import frame_headers
 
 
 def _drain(sock) -> bytes:
@@ -98,13 +99,7 @@ class Rig:
         self.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
 
     def frames_at_remote(self, rail: int) -> list:
-        data = _drain(self.remote[rail])
-        out, pos = [], 0
-        while pos + HEADER_SIZE <= len(data):
-            h = unpack_header(data[pos:pos + HEADER_SIZE])
-            out.append(h)
-            pos += HEADER_SIZE + h.length
-        return out
+        return frame_headers(_drain(self.remote[rail]))
 
     def close(self) -> None:
         for s in self.remote.values():
