@@ -18,6 +18,7 @@ import traceback
 from typing import Any, Callable, List, Optional, Sequence
 
 from .config import Config
+from .protocol.frames import HEADER_SIZE, unpack_header
 
 
 class RanksHung(AssertionError):
@@ -100,8 +101,6 @@ def raise_first(results: List[Any]) -> List[Any]:
 
 def frame_headers(data) -> list:
     """The headers of the whole frames in ``data`` (bytes read from a link's far end), in order."""
-    from .protocol.frames import HEADER_SIZE, unpack_header
-
     out, pos = [], 0
     while pos + HEADER_SIZE <= len(data):
         h = unpack_header(data[pos:pos + HEADER_SIZE])
