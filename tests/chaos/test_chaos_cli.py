@@ -151,3 +151,20 @@ def test_both_policies_in_turn_for_long_runs(tmp_path):
     assert win.exit_code == 0, win.output
     w = Schedule.load(str(tmp_path / "w.json"))
     assert [(p["policy"], p["from"]) for p in w.params["parts"]] == [("active-backup", 0.0), ("stripe", 100.0)]
+
+
+def test_a_run_directory_holding_an_earlier_run_is_refused_and_kept(tmp_path):
+    """A second run into the same --out read the first one's store (handshakes against its secret failed
+    at set-up: UnverifiedReject, PeerLost) and appended to its operation trails; now it is a usage error
+    and the earlier run is left as it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "store").write_text("an earlier job's store")
+    (out / "ops-0.jsonl").write_text("{}\n")
+    res = CliRunner().invoke(chaos, ["--duration", "5s", "--seed", "1", "--out", str(out)])
+    assert res.exit_code == 2 and "holds an earlier run" in res.output and "store" in res.output
+    assert (out / "store").read_text() == "an earlier job's store" and (out / "ops-0.jsonl").read_text() == "{}\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    from linkescape.chaos.cli import _earlier_run
+    assert _earlier_run(str(empty)) == [] and _earlier_run(str(tmp_path / "absent")) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import sys
@@ -82,7 +83,7 @@ def _cross_hold(text: Optional[str]):
 @click.option("--seed", type=int, default=None, help="Seed of the schedule and the workload (default: random, printed).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Run directory (default /tmp/linkescape-chaos-sSEED-TIME); kept after the run.")
+              help="Run directory, new or empty (default /tmp/linkescape-chaos-sSEED-TIME); kept after the run.")
 @click.option("--kinds", default=",".join(KINDS), show_default=True, help="Fault kinds to draw from.")
 @click.option("--interval", type=Duration(), default="1s", show_default=True, help="Mean time between fault starts.")
 @click.option("--isolate-bound", type=Duration(), default="3s", show_default=True,
@@ -185,6 +186,13 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
             with open(json_path, "w") as fh:
                 fh.write(sched.to_json() + "\n")
         return
+    left = _earlier_run(out)
+    if left:
+        # a run appends to its trails (ops, events) and finds its job's store and stop file there: a
+        # second run in the same directory read the first one's store (handshakes with its secret
+        # failed at set-up) and mixed both runs' operations in its report
+        raise click.UsageError(f"--out {out} holds an earlier run ({', '.join(left)}): remove it or pick "
+                               f"another directory")
     from ..testbed.netns import TestbedError
 
     try:
@@ -195,6 +203,13 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
     if json_path:
         click.echo(f"report: {json_path}")
     sys.exit(rep["exit_code"])
+
+
+def _earlier_run(out: Optional[str]) -> list:
+    """What an earlier run left in the run directory ``out`` (nothing when it is new or empty)."""
+    if not out or not os.path.isdir(out):
+        return []
+    return [name for name in ("run.json", "store", "ops-0.jsonl", "part-1") if os.path.exists(os.path.join(out, name))]
 
 
 __all__ = ["chaos", "parse_duration"]
