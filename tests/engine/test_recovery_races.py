@@ -166,6 +166,7 @@ class _ProvedDial:
 
     def __init__(self, sock, proved=True) -> None:
         self.sock, self.proved, self.established, self.closed = sock, proved, _Hs(), False
+        self.due = float("inf")  # (no deadline of its own in these tests)
 
     def fileno(self):
         return self.sock.fileno()

@@ -396,19 +396,7 @@ class Recovery:
                 ready = dict(poller.poll(max(until - now, 0.0) * 1000.0))
             except (OSError, ValueError):
                 return
-            now = self.clock.now()
-            for fd, (key, dial) in proved.items():
-                if fd not in ready:
-                    continue
-                try:
-                    done = dial.step(now)
-                except (OSError, HandshakeError):
-                    del self._dials[fd]
-                    dial.close()
-                    continue
-                if done:
-                    del self._dials[fd]
-                    self._adopt(dial.sock, key[0], key[1], self.epochs[key], dial.established)
+            self._advance_dials(ready, self.clock.now())
 
     def close(self, graceful: bool = True) -> None:
         self.closed = True
