@@ -66,3 +66,8 @@ def test_a_pair_that_lost_its_path_soon_after_refusals_is_relayed_at_once(tmp_pa
     setup = rep["relays"]["cross_setup"]
     assert setup["n"] == 1 and setup["missed"] == 0, text  # the cross was relayed
     assert rep["exit_code"] == 0, text  # no step after the no-path stretch stalled beyond its bound
+
+
+def test_a_relay_lost_is_followed_by_the_next_rank_and_its_frames_go_again(tmp_path):
+    rep, text = _replay("relay_lost_next_rank.json", tmp_path)
+    assert rep["exit_code"] == 0, text  # no step after a no-path stretch waited for a search or a resend

@@ -43,7 +43,7 @@ from .link import Link
 from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
-                       RecvDone, Redial, Relayed, RelayReset, Unreachable)
+                       RecvDone, Redial, Relayed, RelayLost, RelayReset, Unreachable)
 from .peer import INF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
@@ -329,6 +329,8 @@ class Engine:
                         self._find_relay(src, through=peer.rank)
             elif t is Unreachable:
                 self._unreachable(peer, o.dst)
+            elif t is RelayLost:
+                self._relay_lost(peer, o)
             elif t is RelayReset:
                 dst = self.peers.get(o.dst)
                 if dst is not None and dst.relay is not None and dst.relay.via == peer.rank:
@@ -345,6 +347,14 @@ class Engine:
         for src in self.relays.sources_for(peer.rank):
             s = self.peers[src]
             self._apply(s, s.tell(RELAY_RESET, peer.rank))
+        # So did our own frames for the pairs we route through this peer (RELAY frames in the
+        # link's socket): they go again on its other links. (Nobody else would say they were lost:
+        # the peer's ack stands still, and a peer that now answers directly never shows as heard
+        # through the relay; a pair stalled until it left the relay.)
+        for dst in self.relays.relayed_through(peer.rank):
+            d = self.peers[dst]
+            if d.relay is not None and d.relay.via == peer.rank:
+                self._apply(d, d.replay_now())
 
     def _no_path(self, peer: PeerChannel) -> None:
         # Peers we relay through this one lost their path too.
@@ -384,9 +394,18 @@ class Engine:
     def _unreachable(self, via: PeerChannel, dst_rank: int) -> None:
         dst = self.peers.get(dst_rank)
         self.relays.refused(dst_rank, via.rank)
-        if dst is not None and dst.relay is not None and dst.relay.via == via.rank:
-            self.relays.ended(dst_rank, dst.relay)
-            self._apply(dst, dst.relay_lost(via.rank, "unreachable", refused=True))
+        if dst is not None:
+            self._apply(dst, dst.relay_lost(via.rank, "unreachable"))
+
+    def _relay_lost(self, peer: PeerChannel, o: RelayLost) -> None:
+        """The relay through ``o.path.via`` is gone: while no rail is back, the
+        next rank is asked now, not at the next search (RELAY_RETRY later: a
+        pair whose relay went silent or lost its own path stalled 0.5 s). The
+        rank that failed us is not asked first, whatever the cause."""
+        self.relays.ended(peer.rank, o.path)
+        self.relays.refused(peer.rank, o.path.via)
+        if peer.relay is None and peer.no_path_since is not None:
+            self._find_relay(peer)
 
     def _verdict(self, peer: PeerChannel, verdict) -> None:
         if verdict is None:

@@ -161,7 +161,21 @@ class RelayReset(Outcome):
         self.dst = dst
 
 
+class RelayLost(Outcome):
+    """The relay through ``path.via`` stopped carrying our frames for this
+    peer (``why``: ``unreachable``, ``via_lost``, ``timeout``, ...). The route
+    ends, and while the peer has no path another relay is looked for at once:
+    a relay lost is not a reason to wait for the next search."""
+
+    __slots__ = ("path", "why")
+
+    def __init__(self, path, why: str):
+        self.path = path
+        self.why = why
+
+
 NOTHING: tuple = ()
 
 __all__ = ["Outcome", "Emit", "LinkDown", "LinkUp", "NoPath", "PathBack", "RecvDone", "OpFailed", "Fatal",
-           "Redial", "Closed", "LostReported", "Forward", "Relayed", "Unreachable", "RelayReset", "NOTHING"]
+           "Redial", "Closed", "LostReported", "Forward", "Relayed", "Unreachable", "RelayReset",
+           "RelayLost", "NOTHING"]

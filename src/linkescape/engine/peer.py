@@ -30,7 +30,7 @@ from ..protocol.railstate import PeerRails
 from ..transport.tcp import ack_now, ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
-from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack,
+from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayLost,
                        Redial, RelayReset, Unreachable)
 from .receiver import Receiver, Unexpected
 from .relay import RELAY_RTO
@@ -129,8 +129,6 @@ class PeerChannel:
         #: the third rank our traffic goes through while no rail is left
         self.relay: Optional["RelayPath"] = None
         self.relay_heard = 0.0
-        #: ranks that told us they cannot pass our frames on to this peer
-        self.relay_refused: set = set()
         #: what the peer advertised of its relay load (pairs it passes on)
         self.relay_load = 0
         self.no_path_since: Optional[float] = None
@@ -459,19 +457,19 @@ class PeerChannel:
         if path.confirmed:
             self._emit("relay_off", -1, why, via=path.via, bytes=path.bytes)
 
-    def relay_lost(self, via: int, why: str, refused: bool = False):
+    def relay_lost(self, via: int, why: str):
         """The relay through ``via`` cannot carry our frames any more (it
         lost its path to us or to the peer, or said so)."""
-        self._relay_lost(via, why, refused)
+        self._relay_lost(via, why)
         return self._done()
 
-    def _relay_lost(self, via: int, why: str, refused: bool = False) -> None:
-        if refused:
-            self.relay_refused.add(via)
-        if self.relay is not None and self.relay.via == via:
+    def _relay_lost(self, via: int, why: str) -> None:
+        path = self.relay
+        if path is not None and path.via == via:
             self._relay_off(why)
             self.reroute(self.env.clock.now(), cause=why)
             self.sender.pump()
+            self.report(RelayLost(path, why))
 
     def replay_now(self):
         """Frames on their way to the peer were lost (a relay said so): send again."""

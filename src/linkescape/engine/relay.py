@@ -19,7 +19,10 @@ whole message, at most ``window`` bytes per relayed pair; a frame beyond it
 waits in the source's socket (its link parks). A frame for a rank C has no
 link to is dropped and the source is told (RELAY_UNREACH); a link of C's to
 B that fails takes the frames it held with it, and every source relaying
-to B through C is told to send again (RELAY_RESET).
+to B through C is told to send again (RELAY_RESET). A link of ours to C
+that fails takes our RELAY frames with it: we send again at once (the
+engine's ``_link_down``). A relay lost for any reason is followed by the
+next rank at once, the one that failed not asked first (``_relay_lost``).
 
 End to end, each side of a relayed pair sends a relayed heartbeat every
 heartbeat interval; a relay that carried nothing from the peer for

@@ -1,0 +1,155 @@
+"""The engine looks for another relay as soon as one is lost (the hour of
+chaos at seed 167, its window 985:1005): a pair with no rail left whose first
+relay could not carry its frames asked the next rank only at the next search,
+RELAY_RETRY (0.5 s) later, and every collective waited for it.
+
+An engine of rank 0 in a 4-rank job with one rail, over socket pairs, on a
+fake clock that never moves: anything found here is found at once."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from linkescape.config import Config
+from linkescape.engine.clock import FakeClock
+from linkescape.engine.core import Engine
+from linkescape.engine.io import POLLIN
+from linkescape.engine.link import Link
+from linkescape.engine.peer import RELAY_SILENT
+from linkescape.engine.messages import Op, OutMessage
+from linkescape.protocol.frames import DATA, HEADER_SIZE, RELAY, RELAY_UNREACH, pack_header, unpack_header
+from linkescape.protocol.linkstate import Ev
+
+
+class Job:
+    def __init__(self, nrails: int = 1) -> None:
+        self.clock = FakeClock()
+        self.eng = Engine(0, 4, nrails, Config(), clock=self.clock)
+        self.remote = {}
+        self.links = {}
+        links = []
+        for rank in (1, 2, 3):
+            for rail in range(nrails):
+                a, b = socket.socketpair()
+                a.setblocking(False)
+                b.setblocking(False)
+                self.remote[rank, rail] = b
+                self.links[rank, rail] = Link(a, rank, rail, 1, self.clock.now())
+                links.append(self.links[rank, rail])
+        self.eng.open_links(links)
+
+    def peer(self, rank: int):
+        return self.eng.peers[rank]
+
+    def cut(self, rank: int, rails=(0,)) -> None:
+        """Our links to ``rank`` on ``rails`` are found dead (silent)."""
+        p = self.peer(rank)
+        for rail in rails:
+            self.eng._apply(p, p.link_failed(rail, Ev.TIMEOUT, "silent"))
+
+    def say(self, rank: int, frame: bytes) -> None:
+        """``rank`` sends us ``frame`` on rail 0; we read it."""
+        self.remote[rank, 0].sendall(frame)
+        p = self.peer(rank)
+        self.eng._apply(p, p.on_event(self.links[rank, 0], POLLIN))
+
+    def close(self) -> None:
+        for s in self.remote.values():
+            s.close()
+        self.eng.close_io()
+
+
+def _relayed_data(sock) -> list:
+    """The sequence numbers of our DATA frames for others that a relay's end of a link holds."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    seqs, pos = [], 0
+    while pos + HEADER_SIZE <= len(data):
+        outer = unpack_header(data[pos:pos + HEADER_SIZE])
+        if outer.kind == RELAY:
+            inner = unpack_header(data[pos + HEADER_SIZE:pos + 2 * HEADER_SIZE])
+            if inner.kind == DATA:
+                seqs.append(inner.seq)
+        pos += HEADER_SIZE + outer.length
+    return seqs
+
+
+@pytest.fixture
+def job():
+    j = Job()
+    yield j
+    j.close()
+
+
+def test_a_relay_refused_is_followed_by_the_next_rank_at_once(job):
+    job.cut(1)
+    first = job.peer(1).relay
+    assert first is not None and first.via in (2, 3)  # the pair lost its rail: a relay is tried
+    other = 5 - first.via
+    # the rank tried cannot reach 1 (it says so): the other one is asked now, not 0.5 s later
+    job.say(first.via, pack_header(RELAY_UNREACH, 0, 0, arg=1))
+    path = job.peer(1).relay
+    assert path is not None and path.via == other
+    assert job.eng.relays.routes == {1: other}
+
+
+def test_a_relay_that_lost_its_own_path_is_followed_by_the_next_rank_at_once(job):
+    job.cut(1)
+    first = job.peer(1).relay.via
+    other = 5 - first
+    # our link to the relay itself goes: the pair goes through the other rank now
+    job.cut(first)
+    path = job.peer(1).relay
+    assert path is not None and path.via == other
+    assert job.eng.relays.routes == {1: other, first: other}  # (and the pair with the lost relay)
+
+
+def test_a_relay_that_carries_nothing_back_is_followed_by_another_rank(job):
+    job.cut(1)
+    first = job.peer(1).relay.via
+    other = 5 - first
+    # nothing of rank 1's came back through the relay for RELAY_SILENT: the other rank is asked,
+    # not the silent one again (a refusal is remembered for it, whatever the cause)
+    job.clock.advance_ms(RELAY_SILENT * 1000 + 1)
+    p = job.peer(1)
+    job.eng._apply(p, p.tick(job.clock.now(), False, job.clock.now() + 1, False)[1])
+    path = job.peer(1).relay
+    assert path is not None and path.via == other
+
+
+def test_no_rank_left_to_ask_means_the_next_search(job):
+    job.cut(1)
+    first = job.peer(1).relay.via
+    job.cut(5 - first)  # the other rank is out of reach too: only the relay we use is left
+    assert job.peer(1).relay.via == first
+    job.say(first, pack_header(RELAY_UNREACH, 0, 0, arg=1))
+    assert job.peer(1).relay is None  # nobody left to ask now: the timers search again later
+    assert job.peer(1).no_path_since is not None
+
+
+def test_our_relayed_frames_lost_with_a_link_of_the_relay_go_again_on_its_other_link():
+    """Seed 167's window again: our frames for rank 1 went to the relay on a
+    link of ours that had died silently; found dead, it took them along, and
+    the peer's ack stood still until the pair left the relay (0.9 s)."""
+    job = Job(nrails=2)
+    try:
+        job.cut(1, rails=(0, 1))
+        via = job.peer(1).relay.via
+        p = job.peer(1)
+        p.post_send(OutMessage(Op(1, "t", 1e9), 1, 1, 0, memoryview(b"0123456789")))
+        job.eng._apply(p, p.pump())
+        assert _relayed_data(job.remote[via, 0]) == [1]  # on the relay's primary rail ...
+        job.cut(via, rails=(0,))  # ... whose link is found dead: what it held is lost
+        assert job.peer(1).relay.via == via  # (the relay itself still reaches us on rail 1)
+        assert _relayed_data(job.remote[via, 1]) == [1]
+    finally:
+        job.close()
