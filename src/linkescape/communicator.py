@@ -94,7 +94,7 @@ class Work:
             fn(self)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)  # (4,096 kept ~1 MB of keys, filling for an hour under random shapes)
 def _signature_of(fields: tuple) -> int:
     return zlib.crc32("|".join(str(f) for f in fields).encode()) & 0x7FFFFFFF
 

@@ -9,6 +9,7 @@ equal a native half reduction while running ~50x faster in numpy.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Callable, Dict
 
 import numpy as np
@@ -87,44 +88,52 @@ def check_op(op: ReduceOp, dtype: np.dtype) -> None:
 
 def reducer(op: ReduceOp, dtype: np.dtype, max_elems: int) -> Reducer:
     """``f(out, a, b)`` computes ``out = a OP b`` elementwise, allocating nothing
-    per call (half types use scratch of ``max_elems`` float32 values)."""
-    half = is_half(dtype)
-    if half and max_elems > _CACHED_HALF_ELEMS:
+    per call (half types widen through float32 scratch: up to
+    ``_CACHED_HALF_ELEMS`` values, the calling thread's; more, the reducer's own)."""
+    if is_half(dtype) and max_elems > _CACHED_HALF_ELEMS:
         check_op(op, dtype)
         return _make_reducer(op, dtype, max_elems)  # large scratch: not kept
-    if half:
-        max_elems = 1 << max(max_elems - 1, 0).bit_length()  # a few sizes, not one per shape
-    key = (op, dtype, max_elems if half else 0)
+    key = (op, dtype)
     red = _REDUCERS.get(key)
     if red is None:
         check_op(op, dtype)
-        red = _make_reducer(op, dtype, max_elems)
-        if len(_REDUCERS) >= 128:
-            _REDUCERS.clear()  # bounded: a job uses a few shapes
-        _REDUCERS[key] = red
+        red = _make_reducer(op, dtype, 0)
+        _REDUCERS[key] = red  # bounded: one per (op, dtype)
     return red
 
 
-#: half-type reducers with up to this much scratch (float32 values) are kept
+#: half-type reductions of up to this many values widen through the calling thread's scratch
+#: (2 x 128 KiB, made on its first such reduction); larger ones bring their own, not kept
 _CACHED_HALF_ELEMS = 1 << 15
 
-
-#: reducers by (op, dtype, scratch size): they hold no per-operation state
-#: (reductions run one at a time, under the engine lock), so one serves every call
+#: reducers by (op, dtype): they hold no per-operation state and no scratch of their own, so one
+#: serves every call of every communicator in the process. (They once kept scratch sized to the
+#: calls that made them, one reducer per op, dtype and power of two: under chaos's random shapes
+#: the cache grew for an hour, and two communicators shared the scratch across threads.)
 _REDUCERS: Dict[tuple, Reducer] = {}
 
+_scratch = threading.local()
 
-def _make_reducer(op: ReduceOp, dtype: np.dtype, max_elems: int) -> Reducer:
+
+def _thread_scratch() -> tuple:
+    pair = getattr(_scratch, "pair", None)
+    if pair is None:
+        pair = _scratch.pair = (np.empty(_CACHED_HALF_ELEMS, np.float32), np.empty(_CACHED_HALF_ELEMS, np.float32))
+    return pair
+
+
+def _make_reducer(op: ReduceOp, dtype: np.dtype, own_elems: int) -> Reducer:
+    """``own_elems`` > 0: a reducer with scratch of its own for that many values."""
     ufunc = _UFUNC[op]
     if not is_half(dtype):
         def native(out, a, b):
             ufunc(a, b, out=out)
         return native
-    s1 = np.empty(max(max_elems, 1), np.float32)
-    s2 = np.empty(max(max_elems, 1), np.float32)
+    own = (np.empty(own_elems, np.float32), np.empty(own_elems, np.float32)) if own_elems > 0 else None
 
     def half(out, a, b):
         n = out.shape[0]
+        s1, s2 = own if own is not None else _thread_scratch()
         x = s1[:n]
         y = s2[:n]
         x[...] = a  # exact widening
