@@ -99,6 +99,20 @@ def raise_first(results: List[Any]) -> List[Any]:
     return results
 
 
+def drain(sock) -> bytes:
+    """All a non-blocking socket holds now (the far end of a link, in a test)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def frame_headers(data) -> list:
     """The headers of the whole frames in ``data`` (bytes read from a link's far end), in order."""
     out, pos = [], 0

@@ -22,21 +22,7 @@ from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEA
 from linkescape.protocol.grey import RailRate
 from linkescape.protocol.linkstate import PathPolicy
 from linkescape.protocol.railstate import RailWord
-from linkescape.testing import frame_headers
-
-
-def _drain(sock) -> bytes:
-    """All a non-blocking socket holds now."""
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(1 << 20)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data
+from linkescape.testing import drain, frame_headers
 
 
 class Kernel:
@@ -99,7 +85,7 @@ class Rig:
         self.peer.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0)))
 
     def frames_at_remote(self, rail: int) -> list:
-        return frame_headers(_drain(self.remote[rail]))
+        return frame_headers(drain(self.remote[rail]))
 
     def close(self) -> None:
         for s in self.remote.values():
@@ -338,7 +324,7 @@ def test_a_relay_that_carries_nothing_from_the_peer_for_a_second_is_left():
 
 def _relayed_frames(sock) -> list:
     """The (outer kind, inner header) pairs a relay's end of a socket pair holds."""
-    data = _drain(sock)
+    data = drain(sock)
     out, pos = [], 0
     while pos + HEADER_SIZE <= len(data):
         outer = unpack_header(data[pos:pos + HEADER_SIZE])

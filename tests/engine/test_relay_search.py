@@ -21,6 +21,7 @@ from linkescape.engine.peer import RELAY_SILENT
 from linkescape.engine.messages import Op, OutMessage
 from linkescape.protocol.frames import DATA, HEADER_SIZE, RELAY, RELAY_UNREACH, pack_header, unpack_header
 from linkescape.protocol.linkstate import Ev
+from linkescape.testing import drain
 
 
 class Job:
@@ -63,15 +64,7 @@ class Job:
 
 def _relayed_data(sock) -> list:
     """The sequence numbers of our DATA frames for others that a relay's end of a link holds."""
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(1 << 20)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        data += chunk
+    data = drain(sock)
     seqs, pos = [], 0
     while pos + HEADER_SIZE <= len(data):
         outer = unpack_header(data[pos:pos + HEADER_SIZE])
