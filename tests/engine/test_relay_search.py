@@ -19,7 +19,8 @@ from linkescape.engine.io import POLLIN
 from linkescape.engine.link import Link
 from linkescape.engine.peer import RELAY_SILENT
 from linkescape.engine.messages import Op, OutMessage
-from linkescape.protocol.frames import DATA, HEADER_SIZE, RELAY, RELAY_UNREACH, pack_header, unpack_header
+from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, RELAY, RELAY_UNREACH, pack_header,
+                                       unpack_header)
 from linkescape.protocol.linkstate import Ev
 from linkescape.testing import drain
 
@@ -44,11 +45,22 @@ class Job:
     def peer(self, rank: int):
         return self.eng.peers[rank]
 
-    def cut(self, rank: int, rails=(0,)) -> None:
-        """Our links to ``rank`` on ``rails`` are found dead (silent)."""
+    def cut(self, rank: int, rails=(0,), ev: Ev = Ev.TIMEOUT) -> None:
+        """Our links to ``rank`` on ``rails`` are found dead (silent, unless ``ev`` says otherwise)."""
         p = self.peer(rank)
         for rail in rails:
-            self.eng._apply(p, p.link_failed(rail, Ev.TIMEOUT, "silent"))
+            self.eng._apply(p, p.link_failed(rail, ev, "cut"))
+
+    def heard_through_relay(self, rank: int) -> None:
+        """A frame of ``rank``'s comes back through a relay: the path works (``relay_on``)."""
+        p = self.peer(rank)
+        self.eng._apply(p, p.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0))))
+        assert p.relay.confirmed
+
+    def routes_agree(self) -> bool:
+        """The router's routes are the relays the peers use, no more, no less."""
+        used = {r: p.relay.via for r, p in self.eng.peers.items() if p.relay is not None}
+        return self.eng.relays.routes == used
 
     def say(self, rank: int, frame: bytes) -> None:
         """``rank`` sends us ``frame`` on rail 0; we read it."""
@@ -144,5 +156,56 @@ def test_our_relayed_frames_lost_with_a_link_of_the_relay_go_again_on_its_other_
         job.cut(via, rails=(0,))  # ... whose link is found dead: what it held is lost
         assert job.peer(1).relay.via == via  # (the relay itself still reaches us on rail 1)
         assert _relayed_data(job.remote[via, 1]) == [1]
+    finally:
+        job.close()
+
+
+def test_a_working_relay_that_goes_silent_is_not_taken_again_at_once(job):
+    """A relay that carried the peer's frames (confirmed) and then went silent:
+    the search that follows must not pick it again at once, nor lose track of
+    the route it would then use (it once searched before the route ended)."""
+    job.cut(1)
+    p = job.peer(1)
+    first = p.relay.via
+    job.cut(5 - first)  # the other rank is out of reach too (and is relayed through ``first`` itself)
+    job.heard_through_relay(1)
+    assert p.no_path_since is None and job.routes_agree()
+    job.clock.advance_ms(RELAY_SILENT * 1000 + 1)
+    job.eng._apply(p, p.tick(job.clock.now(), False, job.clock.now() + 1, False)[1])
+    assert p.relay is None and p.no_path_since is not None  # nobody else to ask: the next search
+    assert job.routes_agree()
+
+
+def test_a_relay_that_passed_a_broken_frame_on_is_not_taken_again_at_once(job):
+    """A frame of the peer's that the relay passed on breaks the protocol: the
+    relay is left, and the frame does not make it our relay again at once
+    (a rank that passes a frame of the peer's on is otherwise taken at once)."""
+    job.cut(1)
+    p = job.peer(1)
+    first = p.relay.via
+    job.cut(5 - first)
+    job.heard_through_relay(1)
+    inner = pack_header(RELAY, 0, 0)  # a relayed frame that relays another: nonsense
+    job.say(first, pack_header(RELAY, 0, 0, arg=1, length=len(inner), flags=FLAG_PASSED) + inner)
+    assert p.relay is None and p.no_path_since is not None
+    assert job.routes_agree()
+
+
+def test_a_relay_left_for_a_rail_that_is_back_ends_its_route():
+    """The pair goes direct again (``relay_off`` ``path_back``): the relay it
+    left no longer counts it (its load, the pairs a failed link of it replays)."""
+    job = Job()
+    try:
+        job.cut(1, ev=Ev.SOCKET_ERROR)
+        job.heard_through_relay(1)
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        job.remote[1, 9] = b
+        p = job.peer(1)
+        job.eng._apply(p, p.open_link(Link(a, 1, 0, 2, job.clock.now())))
+        job.clock.advance_ms(1001)  # past the fail-back hold-down
+        job.eng._apply(p, p.failback(job.clock.now()))
+        assert p.relay is None and p.active == [0]
+        assert job.eng.relays.routes == {} and job.routes_agree()
     finally:
         job.close()

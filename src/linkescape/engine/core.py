@@ -43,7 +43,7 @@ from .link import Link
 from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
-                       RecvDone, Redial, Relayed, RelayLost, RelayReset, Unreachable)
+                       RecvDone, Redial, Relayed, RelayEnded, RelayReset, Unreachable)
 from .peer import INF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
@@ -323,14 +323,16 @@ class Engine:
             elif t is Relayed:
                 src = self.peers.get(o.src)
                 if src is not None:
-                    self._apply(src, src.on_relayed(o.frame))
-                    if src.relay is None and src.no_path_since is not None:
+                    out = src.on_relayed(o.frame)
+                    lost = any(type(x) is RelayEnded for x in out)
+                    self._apply(src, out)
+                    if src.relay is None and src.no_path_since is not None and not lost:
                         # it reached us through this peer: our frames can go back the same way
                         self._find_relay(src, through=peer.rank)
             elif t is Unreachable:
                 self._unreachable(peer, o.dst)
-            elif t is RelayLost:
-                self._relay_lost(peer, o)
+            elif t is RelayEnded:
+                self._relay_ended(peer, o)
             elif t is RelayReset:
                 dst = self.peers.get(o.dst)
                 if dst is not None and dst.relay is not None and dst.relay.via == peer.rank:
@@ -361,8 +363,6 @@ class Engine:
         for dst in self.relays.relayed_through(peer.rank):
             d = self.peers[dst]
             self._apply(d, d.relay_lost(peer.rank, "via_lost"))
-        if peer.relay is not None:
-            self.relays.ended(peer.rank, peer.relay)
         self._find_relay(peer)
 
     def _find_relay(self, peer: PeerChannel, through: Optional[int] = None) -> None:
@@ -397,12 +397,14 @@ class Engine:
         if dst is not None:
             self._apply(dst, dst.relay_lost(via.rank, "unreachable"))
 
-    def _relay_lost(self, peer: PeerChannel, o: RelayLost) -> None:
-        """The relay through ``o.path.via`` is gone: while no rail is back, the
-        next rank is asked now, not at the next search (RELAY_RETRY later: a
-        pair whose relay went silent or lost its own path stalled 0.5 s). The
-        rank that failed us is not asked first, whatever the cause."""
+    def _relay_ended(self, peer: PeerChannel, o: RelayEnded) -> None:
+        """The relay through ``o.path.via`` ended. Lost: while no rail is back,
+        the next rank is asked now, not at the next search (RELAY_RETRY later:
+        a pair whose relay went silent or lost its own path stalled 0.5 s), and
+        the rank that failed us is not asked first, whatever the cause."""
         self.relays.ended(peer.rank, o.path)
+        if o.why == "path_back":
+            return
         self.relays.refused(peer.rank, o.path.via)
         if peer.relay is None and peer.no_path_since is not None:
             self._find_relay(peer)

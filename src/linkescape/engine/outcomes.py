@@ -161,11 +161,14 @@ class RelayReset(Outcome):
         self.dst = dst
 
 
-class RelayLost(Outcome):
+class RelayEnded(Outcome):
     """The relay through ``path.via`` stopped carrying our frames for this
-    peer (``why``: ``unreachable``, ``via_lost``, ``timeout``, ...). The route
-    ends, and while the peer has no path another relay is looked for at once:
-    a relay lost is not a reason to wait for the next search."""
+    peer: a rail took over (``why`` ``path_back``), or the relay was lost
+    (``unreachable``, ``via_lost``, ``timeout``, ``protocol_error``). The
+    route ends; a lost relay is not asked first for a while, and while the
+    peer has no path another is looked for at once (a relay lost is not a
+    reason to wait for the next search). Reported before the ``NoPath`` that
+    may follow, so that search already knows."""
 
     __slots__ = ("path", "why")
 
@@ -178,4 +181,4 @@ NOTHING: tuple = ()
 
 __all__ = ["Outcome", "Emit", "LinkDown", "LinkUp", "NoPath", "PathBack", "RecvDone", "OpFailed", "Fatal",
            "Redial", "Closed", "LostReported", "Forward", "Relayed", "Unreachable", "RelayReset",
-           "RelayLost", "NOTHING"]
+           "RelayEnded", "NOTHING"]

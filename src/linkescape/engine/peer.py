@@ -30,7 +30,7 @@ from ..protocol.railstate import PeerRails
 from ..transport.tcp import ack_now, ack_silence, tcp_info_summary
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
-from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayLost,
+from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayEnded,
                        Redial, RelayReset, Unreachable)
 from .receiver import Receiver, Unexpected
 from .relay import RELAY_RTO
@@ -456,6 +456,7 @@ class PeerChannel:
         self.sender.replay = True
         if path.confirmed:
             self._emit("relay_off", -1, why, via=path.via, bytes=path.bytes)
+        self.report(RelayEnded(path, why))
 
     def relay_lost(self, via: int, why: str):
         """The relay through ``via`` cannot carry our frames any more (it
@@ -469,7 +470,6 @@ class PeerChannel:
             self._relay_off(why)
             self.reroute(self.env.clock.now(), cause=why)
             self.sender.pump()
-            self.report(RelayLost(path, why))
 
     def replay_now(self):
         """Frames on their way to the peer were lost (a relay said so): send again."""

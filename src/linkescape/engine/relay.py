@@ -22,7 +22,7 @@ B that fails takes the frames it held with it, and every source relaying
 to B through C is told to send again (RELAY_RESET). A link of ours to C
 that fails takes our RELAY frames with it: we send again at once (the
 engine's ``_link_down``). A relay lost for any reason is followed by the
-next rank at once, the one that failed not asked first (``_relay_lost``).
+next rank at once, the one that failed not asked first (``_relay_ended``).
 
 End to end, each side of a relayed pair sends a relayed heartbeat every
 heartbeat interval; a relay that carried nothing from the peer for
@@ -172,8 +172,10 @@ class RelayRouter:
             del self.routes[dst]
 
     def ended(self, dst: int, path: RelayPath) -> None:
-        if self.routes.get(dst) == path.via:
-            del self.routes[dst]
+        peer = self.peers.get(dst)
+        current = peer.relay if peer is not None else None
+        if self.routes.get(dst) == path.via and (current is None or current is path):
+            del self.routes[dst]  # (not a new path through the same rank)
         key = (dst, path.via)
         self.sent_total[key] = self.sent_total.get(key, 0) + path.bytes
 
