@@ -371,8 +371,8 @@ class Communicator:
         def build(s):
             if n == 1:
                 return
-            if direct:
-                latency.all_reduce_direct(s, flat, red, gloo_order)
+            if direct:  # (it reduces the whole buffer at once, as halving does)
+                latency.all_reduce_direct(s, flat, _ops.reducer(op, buf.dtype, flat.shape[0]), gloo_order)
             elif gloo_order:
                 ring.all_reduce_gloo_order(s, flat, red)
             elif tree:

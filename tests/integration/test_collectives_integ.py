@@ -139,3 +139,18 @@ def test_async_ops_in_flight():
     cfg = Config(chunk_bytes=4096, small_bytes=2048, timeout=60)
     for res in raise_first(run_ranks(n, _async_many, config=cfg)):
         assert res == [sum(r + i for r in range(n)) for i in range(12)]
+
+
+def _half_direct_past_a_chunk(comm):
+    """A float16 all_reduce on the direct path (2 ranks, ``direct_bytes`` large) of more values than
+    a frame holds: the direct path reduces the whole buffer at once."""
+    from linkescape import ReduceOp
+
+    buf = np.full(40_000, comm.rank + 1, np.float16)
+    comm.all_reduce(buf, ReduceOp.MAX)  # (SUM combines in Gloo's order, block by block)
+    return float(buf.min()), float(buf.max())
+
+
+def test_the_direct_path_reduces_half_buffers_larger_than_a_frame():
+    cfg = Config(chunk_bytes=16384, small_bytes=4096, direct_bytes=1 << 20, timeout=60)
+    assert raise_first(run_ranks(2, _half_direct_past_a_chunk, config=cfg)) == [(2.0, 2.0)] * 2
