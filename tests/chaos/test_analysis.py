@@ -144,6 +144,26 @@ def test_a_step_during_an_undetected_lossy_rail_allows_the_grey_failure_detectio
     assert res["violation_count"] == 1
 
 
+def test_a_link_reopened_on_a_still_lossy_nic_is_in_use_again():
+    # seed 179, 1 h: a cross cut took h3r0's link down while h3r0 was lossy; the cut's repair re-opened the
+    # link on the still-lossy NIC, and a 4 B ring step crawled 1.0 s on it (TCP retransmissions) before
+    # the lossy fault ended. The NIC was in use again: the grey-failure bound, not 100 ms.
+    lossy = [{"kind": "lossy", "host": 0, "rail": 0, "at": 10.0, "hold": 3.0, "loss": 15}]
+    cut_and_back = {0: [{"ts": T0 + 10.2, "event": "link_down", "peer": 1, "rail": 0, "cause": "carrier"},
+                        {"ts": T0 + 11.0, "event": "link_up", "peer": 1, "rail": 0, "cause": "carrier"}],
+                    1: [{"ts": T0 + 10.2, "event": "link_down", "peer": 0, "rail": 0, "cause": "peer_carrier"},
+                        {"ts": T0 + 11.0, "event": "link_up", "peer": 0, "rail": 0, "cause": "peer_carrier"}]}
+    res, rows = _run(lossy, [_step(1, 11.4, 1.0)], events=cut_and_back)
+    assert rows[1]["condition"] == "lossy_path_left" and res["violation_count"] == 0
+    # while the link was left (10.2 to 11.0) the NIC carried nothing: only what is left of the detection
+    res, rows = _run(lossy, [_step(1, 10.4, 0.3)], events=cut_and_back)
+    assert rows[1]["condition"] == "path_left"
+    # one end still holding the link down is enough to leave it
+    one_end = {0: cut_and_back[0][:1], 1: cut_and_back[1]}
+    res, rows = _run(lossy, [_step(1, 11.4, 0.3)], events=one_end)
+    assert rows[1]["condition"] == "path_left"
+
+
 def test_only_lossy_rails_left_is_judged_by_the_no_path_rule():
     deg = [{"kind": "cut", "host": 0, "rail": 1, "at": 5.0, "hold": 10.0},
            {"kind": "lossy", "host": 1, "rail": 0, "at": 10.0, "hold": 2.0, "loss": 10}]

@@ -21,8 +21,8 @@ Definitions (the report repeats them):
     before it: cut/flap by carrier ``CUT_DETECT`` s, blackhole by silence
     (silent timeout + one heartbeat + a 10 ms tick), lossy by grey-failure
     detection ``LOSSY_DETECT`` s. With no fault at all: 100 ms.
-  - *lossy path left*: a lossy NIC was in use (the library had not yet left it
-    on every one of its links) while every pair kept a clean rail: TCP itself
+  - *lossy path left*: a lossy NIC was in use (some link of it was up at both
+    ends: not yet left, or re-opened while the NIC was still lossy) while every pair kept a clean rail: TCP itself
     stalls on the lossy path until the library leaves it, so the bound is
     100 ms + ``LOSSY_DETECT`` (+ the detection of other faults).
   - *relayable* (some pair had no rail in common, but a third host could
@@ -172,7 +172,7 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
     ctx = _Context(timeline, onsets, Spans((iv[0], iv[1]) for iv in intervals), silent, heartbeat)
     ctx.returns = Spans((e["ts"], e["ts"]) for evs in (events or {}).values() for e in evs
                         if e.get("event") in ("failback", "link_up"))
-    ctx.lossy = lossy_detections(intervals, events or {}, world)
+    ctx.lossy = Spans(lossy_in_use(intervals, events or {}, world))
     spans = fault_spans(runner_log)
     rows: List[Dict[str, Any]] = []
     for rank, recs in steps.items():
@@ -230,27 +230,54 @@ def baseline_noise(rows: Sequence[Mapping[str, Any]], judged_steps: int = 0) -> 
     return out
 
 
-def lossy_detections(intervals: Sequence[Interval], events: Mapping[int, Sequence[Mapping[str, Any]]],
-                     world: int) -> List[Tuple[float, float, Optional[float]]]:
-    """Per lossy stretch of a NIC (as applied): ``(t0, t1, detected)``, ``detected`` being when the last
-    of the NIC's links (host h to every other rank, on its rail; hosts are ranks) went down, from either
-    end, or None if some link never did while the stretch lasted."""
-    out = []
+def lossy_in_use(intervals: Sequence[Interval], events: Mapping[int, Sequence[Mapping[str, Any]]],
+                 world: int) -> List[Tuple[float, float]]:
+    """The stretches in which a lossy NIC (as applied) still carried traffic: some link of it (host h to
+    another rank, on its rail; hosts are ranks) was up at both ends. A link is left from a ``link_down``
+    at either end until that end's next ``link_up``; a link re-opened while the NIC is still lossy (after
+    a cut of it, say) is in use again, and TCP crawls on it until the library leaves it once more."""
+    trail: Dict[Tuple[int, int, int], Tuple[List[float], List[bool]]] = {}
+    for rank, evs in events.items():
+        for e in evs:
+            if e.get("event") in ("link_down", "link_up") and e.get("ts") is not None:
+                ts, down = trail.setdefault((int(rank), int(e.get("peer", -1)), int(e.get("rail", -1))), ([], []))
+                ts.append(float(e["ts"]))
+                down.append(e["event"] == "link_down")
+    for ts, down in trail.values():
+        order = sorted(range(len(ts)), key=ts.__getitem__)
+        ts[:], down[:] = [ts[i] for i in order], [down[i] for i in order]
+
+    def left(rank: int, peer: int, rail: int, t0: float, t1: float) -> List[Tuple[float, float]]:
+        ts, down = trail.get((rank, peer, rail), ([], []))
+        i = int(np.searchsorted(ts, t0, side="right"))
+        out, since = [], (t0 if i and down[i - 1] else None)
+        for t, d in zip(ts[i:], down[i:]):
+            if t >= t1:
+                break
+            if d and since is None:
+                since = t
+            elif not d and since is not None:
+                out.append((since, t))
+                since = None
+        if since is not None:
+            out.append((since, t1))
+        return out
+
+    out: List[Tuple[float, float]] = []
     for t0, t1, h, r, mech in intervals:
         if mech != "lossy":
             continue
-        last: Optional[float] = t0
         for p in range(world):
             if p == h:
                 continue
-            downs = [e["ts"] for rank, peer in ((h, p), (p, h)) for e in events.get(rank, ())
-                     if e.get("event") == "link_down" and e.get("peer") == peer and e.get("rail") == r
-                     and t0 - 0.05 <= e.get("ts", 0.0) <= t1]
-            if not downs:
-                last = None
-                break
-            last = max(last, min(downs))
-        out.append((t0, t1, last))
+            gaps = sorted(left(h, p, r, t0 - 0.05, t1) + left(p, h, r, t0 - 0.05, t1))
+            at = t0
+            for a, b in gaps:
+                if a > at:
+                    out.append((at, a))
+                at = max(at, b)
+            if at < t1:
+                out.append((at, t1))
     return out
 
 
@@ -267,7 +294,7 @@ class _Context:
         self.spans = spans
         self.max_det = max([silent + heartbeat + TICK, CUT_DETECT, LOSSY_DETECT])
         self.returns = Spans(())  # failback and link_up events
-        self.lossy: List[Tuple[float, float, Optional[float]]] = []  # lossy stretches and their detection
+        self.lossy = Spans(())  # when a lossy NIC still carried traffic (:func:`lossy_in_use`)
 
     def outages(self, a: float, b: float) -> List[Tuple[float, float, str]]:
         lo = int(np.searchsorted(self.t_ends, a, side="right"))
@@ -287,7 +314,7 @@ class _Context:
 
     def lossy_undetected(self, a: float, b: float) -> bool:
         """A lossy NIC carried traffic during [a, b] before the library had left it on every link."""
-        return any(t0 < b and t1 > a and (det is None or det > a) for t0, t1, det in self.lossy)
+        return self.lossy.overlaps(a, b)
 
 
 def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rate_bps) -> Dict[str, Any]:
@@ -581,5 +608,5 @@ def event_counts(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[str,
 
 
 __all__ = ["stalls", "detection", "false_trips", "event_counts", "normal_times", "wire_bytes", "detect_time",
-           "baseline_noise", "lossy_detections", "relays", "relay_intervals", "STALL_SLACK", "NO_PATH_RESUME",
+           "baseline_noise", "lossy_in_use", "relays", "relay_intervals", "STALL_SLACK", "NO_PATH_RESUME",
            "CUT_DETECT", "LOSSY_DETECT", "MIN_BASELINE", "RELAY_SETUP", "RELAY_SETTLE"]

@@ -22,7 +22,8 @@ DEFINITIONS = {
                        f"begun before it (cut/flap: {analysis.CUT_DETECT * 1000:.0f} ms; blackhole: silent timeout + "
                        f"heartbeat + 10 ms; lossy: {analysis.LOSSY_DETECT:g} s, the grey-failure detection); "
                        "no fault: 100 ms",
-    "bound_lossy_path_left": "a lossy NIC was still in use (not yet left on all its links) while every pair kept a "
+    "bound_lossy_path_left": "a lossy NIC was still in use (some link of it up at both ends: not yet left, or re-opened "
+                             "while still lossy) while every pair kept a "
                              f"clean rail: stall <= 100 ms + {analysis.LOSSY_DETECT:g} s (+ other detections): TCP "
                              "stalls on a lossy path until the library leaves it",
     "bound_no_path": "some pair had no usable rail and no relay (no_path) or only lossy ones (degraded): the step "
@@ -428,9 +429,11 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
     from . import resources
     iv = tr.get("interval_s")
     win = tr.get("floor_window_s") or 60
+    cwin = tr.get("count_window_s") or resources.COUNT_WINDOW_S
     add(f"resources over time (sampled every {iv:.0f} s; slope per hour after warm-up, RSS MB / fds / threads: "
         f"judged = RSS through its floor (each {win:.0f} s's lowest sample), fds and threads' robust (median "
-        f"pairwise) slope through every sample [least squares through every sample]):" if iv else
+        f"pairwise) slope through each {cwin:.0f} s's usual (most common) value [least squares through every "
+        f"sample]):" if iv else
         "resources over time (slope per hour after warm-up, RSS MB / fds / threads, judged [every sample]):")
     for p in tr["parts"]:
         head = f"  part {p['part']} ({p.get('policy') or 'default'})" if p.get("part") else "  every rank"
@@ -447,7 +450,7 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
                                                                         f"{tr['judge_min_s'] / 60:.0f} min)"))
     if tr.get("flat") is not None:
         lim = tr["limits_per_hour"]
-        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads' robust lines <= {lim['fds']:g}/h): "
+        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads' usual values <= {lim['fds']:g}/h): "
             + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
     if pngs:
         add(f"  picture: {pngs[0]}")

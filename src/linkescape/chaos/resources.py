@@ -25,18 +25,20 @@ line has a standard error of 7-8 MB/h (measured, seeds 61 and 83; the floor's 1.
 rank fails a 16 MB/h limit now and then, and one that keeps 15 MB/h may pass;
 what a rank keeps shows between outages, in the floor, whose scatter is a few
 MB. Descriptors swing both ways around the healthy count (links closed while
-down, dials in flight), so their line goes through every sample: through the
-floor it would follow how many links the faults of each minute took down.
-It is the median of the slopes between every two samples (Theil-Sen), not a
-least-squares line: a count sits at its healthy value most of the time and
-leaves it in bursts, and a least-squares line follows when the bursts fell
-(the hour at seed 83: +3.1/h on a rank whose fds were 23 at every quiet
-moment, first to last, and 6 after ``close()``), while the median slope of a
-count that only swings is 0 and one that steps up (a leak) is its rate of
-steps. Its resolution is the part: one descriptor over a 30-minute part is
+down, dials in flight), so neither the floor nor a line through every sample
+tells a leak from the faults of the moment: a least-squares line follows when
+the bursts fell (the hour at seed 83: +3.1/h on a rank whose fds were 23 at
+every quiet moment, first to last, and 6 after ``close()``), and so does the
+Theil-Sen (median pairwise) line when the faults of a schedule crowd one end
+of a part (the hour at seed 179: +2.7/h on a rank whose usual count was 23 in
+every 5 minutes but the first). A count is judged on its *usual* value: the
+most common sample of each :data:`COUNT_WINDOW_S` (the larger on a tie), and
+the Theil-Sen line through those. Faults move a rank's descriptors away from
+the usual count for seconds; a leak moves the usual count itself, step by
+step. Its resolution is the part: one descriptor over a 30-minute part is
 2/h, which no line tells from the swings; a leak of one per 15 minutes shows.
-The least-squares lines through every sample and through the floor are
-reported for every key too.
+The least-squares lines through every sample and through the floor, and the
+Theil-Sen line through every sample, are reported for every key too.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ COUNT_LIMIT_PER_H = 2.0
 #: the floor: the lowest sample of each window of this many seconds
 FLOOR_WINDOW_S = 60.0
 KEYS = ("rss_mb", "fds", "threads")
-#: judged on the floor (the others on the robust line through every sample; see the module's doc)
+#: judged on the floor (the others on the line through each window's usual value; see the module's doc)
 FLOOR_KEYS = ("rss_mb",)
+#: the usual value of a count: the most common sample of each window of this many seconds
+COUNT_WINDOW_S = 120.0
 #: at most this many samples go into a robust line (evenly spaced): its pairs grow as the square
 ROBUST_MAX_SAMPLES = 1500
 LIMITS = {"rss_mb": RSS_LIMIT_MB_PER_H, "fds": COUNT_LIMIT_PER_H, "threads": COUNT_LIMIT_PER_H}
@@ -142,10 +146,30 @@ def floor(t: Sequence[float], y: Sequence[float], window: float = FLOOR_WINDOW_S
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def usual(t: Sequence[float], y: Sequence[float], window: float = COUNT_WINDOW_S) -> tuple:
+    """The most common sample of each ``window`` seconds from the first sample (the larger on a tie),
+    at the window's middle sample's time."""
+    groups: Dict[int, List[tuple]] = {}
+    for ti, yi in zip(t, y):
+        if np.isfinite(yi):
+            groups.setdefault(int((ti - t[0]) // window), []).append((ti, yi))
+    ts, ys = [], []
+    for k in sorted(groups):
+        pts = groups[k]
+        counts: Dict[float, int] = {}
+        for _, yi in pts:
+            counts[yi] = counts.get(yi, 0) + 1
+        top = max(counts.values())
+        ts.append(pts[len(pts) // 2][0])
+        ys.append(max(v for v, c in counts.items() if c == top))
+    return ts, ys
+
+
 def trends(samples: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Per part and rank: the fitted slope per hour of RSS, fds and threads after warm-up (through
-    every sample, through the floor: ``row["floor"][key]``, and robust through every sample:
-    ``row["robust"][key]``), and the verdict (RSS on its floor, fds and threads on the robust line).
+    every sample, through the floor: ``row["floor"][key]``, robust through every sample:
+    ``row["robust"][key]``, and robust through each window's usual value: ``row["usual"][key]``), and the
+    verdict (RSS on its floor, fds and threads on their usual values' line).
 
     ``parts``: ``{"part", "policy", "t_start", "t_end"}`` of each part played (``t_start``/``t_end``: wall
     times). Returns ``{"parts": [...], "flat": bool or None (nothing judged), "reasons": [...],
@@ -168,19 +192,21 @@ def trends(samples: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, An
         rows = {}
         for rank, d in sorted(ranks.items()):
             keep = [i for i, t in enumerate(d["t"]) if t >= t_a + skip]
-            row: Dict[str, Any] = {"samples": len(d["t"]), "fitted": len(keep), "floor": {}, "robust": {}}
+            row: Dict[str, Any] = {"samples": len(d["t"]), "fitted": len(keep), "floor": {}, "robust": {},
+                                   "usual": {}}
             for k in KEYS:
                 t, y = [d["t"][i] for i in keep], [d[k][i] for i in keep]
                 row[k] = fit(t, y)
                 row["floor"][k] = fit(*floor(t, y))
                 row["robust"][k] = robust(t, y)
+                row["usual"][k] = robust(*usual(t, y)) if t else None
                 f = judged_line(row, k)
                 if f is None:
                     continue
                 if worst[k] is None or f["per_hour"] > worst[k]:
                     worst[k] = f["per_hour"]
                 if judged and f["per_hour"] > LIMITS[k]:
-                    what = f"{k}'s floor" if k in FLOOR_KEYS else f"{k} (robust line)"
+                    what = f"{k}'s floor" if k in FLOOR_KEYS else f"{k}'s usual count"
                     reasons.append(f"part {p.get('part') or 1} rank {rank}: {what} grows {f['per_hour']:+.1f}/h "
                                    f"(limit {LIMITS[k]:g}/h)")
             rows[rank] = row
@@ -188,13 +214,13 @@ def trends(samples: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, An
                           "warmup_s": skip, "judged": judged, "ranks": rows})
     return {"parts": out_parts, "flat": (not reasons) if judged_any else None, "reasons": reasons,
             "max_per_hour": worst, "limits_per_hour": dict(LIMITS), "judge_min_s": JUDGE_MIN_S,
-            "floor_window_s": FLOOR_WINDOW_S,
+            "floor_window_s": FLOOR_WINDOW_S, "count_window_s": COUNT_WINDOW_S,
             "interval_s": _interval(samples)}
 
 
 def judged_line(row: Mapping[str, Any], key: str) -> Optional[Mapping[str, float]]:
-    """The line a key is judged on in one rank's row of :func:`trends`: RSS's floor, the counts' robust line."""
-    return (row.get("floor") or {}).get(key) if key in FLOOR_KEYS else (row.get("robust") or {}).get(key)
+    """The line a key is judged on in one rank's row of :func:`trends`: RSS's floor, the counts' usual values."""
+    return (row.get("floor") or {}).get(key) if key in FLOOR_KEYS else (row.get("usual") or {}).get(key)
 
 
 def _outline():
@@ -267,4 +293,5 @@ def plot(paths: Sequence[str], samples: Sequence[Mapping[str, Any]], tr: Mapping
     return written
 
 
-__all__ = ["load", "series", "fit", "robust", "floor", "judged_line", "trends", "plot", "JUDGE_MIN_S", "RSS_LIMIT_MB_PER_H", "COUNT_LIMIT_PER_H"]
+__all__ = ["load", "series", "fit", "robust", "floor", "usual", "judged_line", "trends", "plot", "JUDGE_MIN_S", "RSS_LIMIT_MB_PER_H",
+           "COUNT_LIMIT_PER_H", "COUNT_WINDOW_S"]
