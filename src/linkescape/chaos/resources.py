@@ -44,6 +44,7 @@ Theil-Sen line through every sample, are reported for every key too.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -133,34 +134,29 @@ def robust(t: Sequence[float], y: Sequence[float]) -> Optional[Dict[str, float]]
             "n": int(t_arr.size), "hours": float(h[-1])}
 
 
+def _windows(t: Sequence[float], y: Sequence[float], window: float) -> List[List[tuple]]:
+    """The finite samples ``(t, y)`` in each ``window`` seconds from the first sample, in time order."""
+    groups: Dict[int, List[tuple]] = {}
+    for ti, yi in zip(t, y):
+        if np.isfinite(yi):
+            groups.setdefault(int((ti - t[0]) // window), []).append((ti, yi))
+    return [groups[k] for k in sorted(groups)]
+
+
 def floor(t: Sequence[float], y: Sequence[float], window: float = FLOOR_WINDOW_S) -> tuple:
     """The lowest sample (its time and value) of each ``window`` seconds from the first sample."""
-    best: Dict[int, tuple] = {}
-    for ti, yi in zip(t, y):
-        if not np.isfinite(yi):
-            continue
-        k = int((ti - t[0]) // window)
-        if k not in best or yi < best[k][1]:
-            best[k] = (ti, yi)
-    pts = [best[k] for k in sorted(best)]
+    pts = [min(w, key=lambda p: p[1]) for w in _windows(t, y, window)]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def usual(t: Sequence[float], y: Sequence[float], window: float = COUNT_WINDOW_S) -> tuple:
     """The most common sample of each ``window`` seconds from the first sample (the larger on a tie),
     at the window's middle sample's time."""
-    groups: Dict[int, List[tuple]] = {}
-    for ti, yi in zip(t, y):
-        if np.isfinite(yi):
-            groups.setdefault(int((ti - t[0]) // window), []).append((ti, yi))
     ts, ys = [], []
-    for k in sorted(groups):
-        pts = groups[k]
-        counts: Dict[float, int] = {}
-        for _, yi in pts:
-            counts[yi] = counts.get(yi, 0) + 1
+    for w in _windows(t, y, window):
+        counts = Counter(yi for _, yi in w)
         top = max(counts.values())
-        ts.append(pts[len(pts) // 2][0])
+        ts.append(w[len(w) // 2][0])
         ys.append(max(v for v, c in counts.items() if c == top))
     return ts, ys
 
@@ -199,7 +195,7 @@ def trends(samples: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, An
                 row[k] = fit(t, y)
                 row["floor"][k] = fit(*floor(t, y))
                 row["robust"][k] = robust(t, y)
-                row["usual"][k] = robust(*usual(t, y)) if t else None
+                row["usual"][k] = robust(*usual(t, y))
                 f = judged_line(row, k)
                 if f is None:
                     continue
