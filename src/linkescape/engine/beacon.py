@@ -19,8 +19,15 @@ Every record is authenticated: a MAC with a key derived from the job's link
 key, over the job, the rank that wrote it and what it says. With a key set
 (``LINKESCAPE_AUTH_KEY``), a store writer who does not hold it cannot forge
 a record, move one to another rank's key or another job, or roll a
-counter back: such a record is ignored (logged once), and from then on the
-store is no evidence about that peer (its verdict waits for the rails).
+counter back below one this rank has read: such a record is ignored (logged
+once), and from then on the store is no evidence about any peer (verdicts
+wait for the rails): a store that holds one record the job did not write
+cannot be trusted to show a live peer's refreshes either, since its writer
+may as well be replaying that peer's old record, and a reader cannot tell
+every replay (one that always wins the race with the refreshes looks like a
+record that stopped) from a dead peer's last record. What remains is a writer
+who does nothing but hold back a cut-off rank's refreshes, replaying its
+latest record faster than it writes a new one: docs/security.md.
 Without a key the MAC's key is the per-job secret in the store, which only
 keeps out those who cannot read the store (docs/security.md).
 
@@ -117,8 +124,13 @@ class Beacon:
         self._closed = False
         #: peers whose record we read: peer -> (highest counter, our time it advanced, our time last read)
         self._seen: Dict[int, Tuple[Optional[int], float, float]] = {}
-        #: peers whose record was forged or rolled back: the store says nothing about them
-        self.distrusted: set = set()
+        #: the highest counter read of each peer ever watched (kept across its
+        #: watches, so that a rollback to an older record shows; one int per peer
+        #: that had no path at some time)
+        self._highest: Dict[int, int] = {}
+        #: why the store is no evidence about any peer (a record the job did not
+        #: write was read); None while every record read was authentic
+        self.tampered: Optional[str] = None
         self._known: set = set()
         self._watch: set = set()
         self._report: Optional[str] = None
@@ -151,7 +163,7 @@ class Beacon:
         a record tampered with, too soon)."""
         with self._cv:
             seen = self._seen.get(peer)
-            if peer in self.distrusted:
+            if self.tampered is not None:
                 return None
         if seen is None or seen[0] is None:
             return None
@@ -229,11 +241,16 @@ class Beacon:
         self.calls += 1
         return bool(check([key])) if check is not None else True
 
-    def _warn(self, what: str, detail: str) -> None:
+    def _distrust(self, what: str, detail: str) -> None:
+        """A record the job did not write: the store is no evidence about any
+        peer from now on (logged once per key)."""
+        with self._cv:
+            if self.tampered is None:
+                self.tampered = f"{what}: {detail}"
         if what not in self._warned:
             self._warned.add(what)
             log.warning("rank %d: ignored a store record that is not authentic (%s): %s; the store is no evidence "
-                        "about it from now on", self.rank, what, detail)
+                        "about any rank from now on", self.rank, what, detail)
 
     def _read_peer(self, peer: int) -> None:
         key = ALIVE_KEY.format(rank=peer)
@@ -247,16 +264,16 @@ class Beacon:
         now = self.clock.now()
         with self._cv:
             old = self._seen.get(peer)
-            if counter is None or (old is not None and old[0] is not None and counter < old[0]):
-                self.distrusted.add(peer)
-                why = "forged" if counter is None else f"rolled back from {old[0]} to {counter}"
-            elif old is None or old[0] != counter:
-                self._seen[peer] = (counter, now, now)
+            highest = self._highest.get(peer, 0)
+            if counter is not None and counter >= highest:
+                self._highest[peer] = counter
+                if old is None or old[0] != counter:
+                    self._seen[peer] = (counter, now, now)
+                else:
+                    self._seen[peer] = (counter, old[1], now)
                 return
-            else:
-                self._seen[peer] = (counter, old[1], now)
-                return
-        self._warn(f"alive/{peer}", why)
+        why = "forged" if counter is None else f"rolled back from {highest} to {counter}"
+        self._distrust(f"alive/{peer}", why)
 
     def _read_failed(self) -> None:
         if self.failed() or not self._has(FAILED_KEY):
@@ -265,7 +282,7 @@ class Beacon:
         raw = _text(self.store.get(FAILED_KEY))
         record = self.key.read_failure(raw)
         if record is None:
-            self._warn("failed", raw[:120])
+            self._distrust("failed", raw[:120])
             return
         if record.get("by") == self.rank:
             return
