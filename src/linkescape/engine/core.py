@@ -204,6 +204,7 @@ class Engine:
         an emulated cut (``close=False``), left open and unused."""
         if ev is Ev.CARRIER_DOWN:
             self.rail_word.set(rail, True)  # every frame from now on says so
+        self.env.local_down |= 1 << rail
         peers = [p for p in self.peers.values() if p.links[rail] is not None]
         if notify:
             for peer in peers:
@@ -217,6 +218,7 @@ class Engine:
         """Our NIC on ``rail`` is back: retry its links at once, tell the peers."""
         now = self.clock.now()
         self.rail_word.set(rail, False)
+        self.env.local_down &= ~(1 << rail)
         for peer_rank, r in list(self.down):
             if r == rail:
                 peer = self.peers[peer_rank]
@@ -230,6 +232,10 @@ class Engine:
     def set_rail_state(self, rail: int, down: bool) -> None:
         """Record our NIC on ``rail`` as down or up in the word every frame carries."""
         self.rail_word.set(rail, down)
+        if down:
+            self.env.local_down |= 1 << rail
+        else:
+            self.env.local_down &= ~(1 << rail)
 
     def dial_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
         peer = self.peers[peer_rank]

@@ -18,11 +18,11 @@ from typing import Callable, Deque, Optional
 
 from ..protocol.framemac import TAG_SIZE, FrameMac
 from ..protocol.frames import (ACK, DEFAULT_MAX_PAYLOAD, HEADER_SIZE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT,
-                               NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH, Header, pack_header,
+                               NOTIFY_STALE, NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH, Header, pack_header,
                                unpack_header)
 
 #: control frames that overtake queued data frames (see ``Link.queue_control``)
-URGENT = frozenset((ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, NOTIFY_SILENT, PEER_LOST, RELAY_UNREACH,
+URGENT = frozenset((ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, NOTIFY_SILENT, NOTIFY_STALE, PEER_LOST, RELAY_UNREACH,
                     RELAY_RESET))
 #: bytes one ``recv`` may take into the read buffer, at most (it starts at
 #: FIRST_READ_BUFFER: a link that carries little holds little)

@@ -22,8 +22,8 @@ from typing import Callable, List, Optional
 
 from ..errors import FrameAuthError, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
-from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_UP, PEER_LOST, RELAY_RESET,
-                               RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
+from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_STALE, NOTIFY_UP, PEER_LOST,
+                               RELAY_RESET, RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
 from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
 from ..protocol.railstate import PeerRails
@@ -54,6 +54,8 @@ HELD_BEATS = 4
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
 AVOID_MASK = 0xFF
 LOAD_SHIFT = 8
+#: its arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
+STALE_RAIL_BITS = 8
 INF = float("inf")
 
 
@@ -96,6 +98,9 @@ class PeerEnv:
         self.watermark = 2 * config.chunk_bytes
         #: the pairs this rank relays for others (advertised in heartbeats)
         self.relaying = 0
+        #: rails this rank holds down, a bitmask: its NIC without carrier, or an
+        #: emulated fault (neither dialed nor accepted on until it is back)
+        self.local_down = 0
         #: the earliest a peer asked the timers for since the engine last looked
         #: (a deadline set outside a timer round: a silence check, an owed ack)
         self.wake_at = INF
@@ -153,6 +158,9 @@ class PeerChannel:
         #: a frame was applied: parked links may be able to go on (see ``_done``)
         self.resume_wanted = False
         self._out: list = []
+        #: (we accept this peer's links: it is the higher rank) per rail, the
+        #: epoch of the last link we dropped (0: none): see ``tell_stale``
+        self.dropped_epoch: List[int] = [0] * nrails
 
     # ------------------------------------------------------------ outcomes
     def report(self, outcome) -> None:
@@ -285,6 +293,7 @@ class PeerChannel:
             out = self.outbound
             if out.acked < peer_expected - 1 <= out.last_seq:
                 out.on_ack(peer_expected - 1)  # the peer has all below: replay less
+        self.tell_stale()  # a path the peer can hear it on
         if reopened and not first:
             self._emit("link_up", rail, CAUSE.get(cause), epoch=link.epoch)
             self.reroute(now, cause=CAUSE.get(cause))
@@ -321,6 +330,10 @@ class PeerChannel:
             self.avoid |= 1 << link.rail
         self.status[link.rail].apply(ev, now, backoff_max=self.env.config.reconnect_max)
         self._drop(link, close=close)
+        if self.env.rank < self.rank:
+            # (the peer hears of it now, if a link is left, from NOTIFY_SILENT/NOTIFY_DOWN, its carrier,
+            # or our FIN: each with its cause; ``tell_stale`` repeats it from the next link up)
+            self.dropped_epoch[link.rail] = link.epoch
         self._emit("link_down", link.rail, CAUSE[ev], detail=detail)
         self.sender.replay = True
         # A link parked on a frame ahead may have waited for this one.
@@ -387,6 +400,8 @@ class PeerChannel:
     def notify(self, kind: int, rail: int):
         """Tell the peer about our NIC on ``rail`` over another rail, if one is left."""
         self._notify(kind, rail)
+        if kind == NOTIFY_UP:
+            self.tell_stale()  # and, if we accept its links, what we dropped meanwhile
         return self._done()
 
     def _notify(self, kind: int, rail: int) -> None:
@@ -624,6 +639,13 @@ class PeerChannel:
         elif kind == NOTIFY_UP:
             if arg < len(self.status):
                 self._retry_now(arg)
+        elif kind == NOTIFY_STALE:
+            rail, epoch = arg & AVOID_MASK, arg >> STALE_RAIL_BITS
+            other = self.links[rail] if rail < len(self.links) else None
+            if other is not None and other.epoch <= epoch:
+                self.link_down(other, Ev.SOCKET_ERROR, detail=f"rank {self.rank} has no link on rail {rail} since "
+                                                             f"epoch {epoch}: it closed its end while no frame "
+                                                             f"could reach us")
         elif kind == RELAY_UNREACH:
             self.report(Unreachable(arg))
         elif kind == RELAY_RESET:
@@ -631,6 +653,34 @@ class PeerChannel:
                 self.sender.replay = True  # the peer itself lost relayed frames
             else:
                 self.report(RelayReset(arg))
+
+    def tell_stale(self) -> None:
+        """Level state for the dialer of our links (we are the lower rank): on
+        a rail where we have no link (we dropped epoch E) while our NIC and
+        the peer's have carrier, the peer either re-dials already (it ignores
+        this) or still holds epoch E, which is gone: we closed our end (our
+        NIC lost carrier, we found it silent) while no frame could reach it,
+        and it re-dials only once it finds out, which a link idle in its
+        kernel (a closed window, a backup not probed yet) may take seconds to
+        show. Told over a live link whenever that can newly reach the peer or
+        newly be true: a link comes up, our NIC or the peer's is back (when we
+        drop a link, the peer hears of it with its cause: NOTIFY_SILENT,
+        NOTIFY_DOWN, a FIN). A notice lost with its link is told again over
+        the next link up; no timer, nothing periodic."""
+        if self.env.rank > self.rank:
+            return
+        live = self.live_links()
+        if not live:
+            return
+        held = self.env.local_down
+        for rail, link in enumerate(self.links):
+            epoch = self.dropped_epoch[rail]
+            if link is not None or not epoch or held >> rail & 1 or self.peer_rails.is_down(rail):
+                continue
+            carrier = next((l for l in live if l.rail != rail), None)
+            if carrier is not None:
+                epoch = min(epoch, (1 << (32 - STALE_RAIL_BITS)) - 1)
+                self.sender.control(carrier, NOTIFY_STALE, arg=rail | epoch << STALE_RAIL_BITS)
 
     def _retry_now(self, rail: int) -> None:
         st = self.status[rail]
@@ -650,6 +700,8 @@ class PeerChannel:
         for rail in up:
             if rail < len(self.links):
                 self._retry_now(rail)
+        if up:
+            self.tell_stale()
 
     # ------------------------------------------------------------ timers
     def engaged(self) -> bool:

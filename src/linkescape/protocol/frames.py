@@ -63,11 +63,16 @@ class Kind(enum.IntEnum):
     RELAY_UNREACH = 10
     #: (relay) "frames I was passing on to rank <arg> were lost: send again"
     RELAY_RESET = 11
+    #: (the accepting, lower rank of a pair) "I have no link with you on rail
+    #: <arg & 0xFF>: the one of epoch <arg >> 8> or older that you may still
+    #: hold is gone; re-dial". Repeated while that is so: it may have closed
+    #: its end while no frame could reach the dialer (its NIC without carrier)
+    NOTIFY_STALE = 12
 
 
 # plain ints for the data path (comparing IntEnum members costs more)
 DATA, ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, BYE, NOTIFY_SILENT, PEER_LOST, RELAY, RELAY_UNREACH, \
-    RELAY_RESET = (int(k) for k in Kind)
+    RELAY_RESET, NOTIFY_STALE = (int(k) for k in Kind)
 
 
 class Header:
