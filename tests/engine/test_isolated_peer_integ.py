@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from linkescape.testbed import nft
 from linkescape.testbed.job import Job
 from linkescape.testbed.pytest_fixtures import require_nft
 
@@ -44,3 +45,51 @@ def test_a_live_isolated_peer_is_waited_for(testbed_factory, kind):
     # the first path back is used at once (no hold-down on it): within 1.5 s
     ups = [e["ts"] for e in trails[0] if e["event"] == "link_up" and e["peer"] == 2 and e["ts"] >= t_back]
     assert ups and min(ups) - t_back < 1.5, (t_back, trails[0])
+
+
+def _lose_fin_and_rst(tb, host, rail, on):
+    """Host ``host``'s NIC on ``rail`` loses every TCP FIN and RST that arrives: what another host's
+    kernel says of a connection it closed is lost (as an RST it sent while its NIC had no carrier,
+    which it never sends again)."""
+    table = "le_t_finrst"
+    script = (f'table netdev {table} {{\n  chain in {{ type filter hook ingress device "{tb.nic(rail)}" priority 0; '
+              f'ip protocol tcp tcp flags & (fin | rst) != 0 drop; }}\n}}\n' if on else f"delete table netdev {table}\n")
+    nft.apply(tb.netns(host), script)
+
+
+def test_a_link_the_lower_rank_closed_while_cut_off_is_re_dialed_before_it_is_used(testbed_factory):
+    """Host 0 (rank 0, which accepts rank 1's links) loses carrier on both rails between two operations
+    and drops both links. Nothing of it reaches rank 1: not its NOTIFY_DOWN (rail 1 drops it, then
+    loses carrier too), not its FIN or RST (host 1's rail 1 loses them here). Rank 1's links stay up
+    in its view, idle (the probe budget is nearly off). After the repair the next operation finds rail
+    0's link gone (an RST) and re-dials it, and the new link carries rank 0's word that rail 1's link
+    is gone too: rank 1 re-dials rail 1 before it fails over onto it. Before, it failed over onto the
+    dead link and found it only by its silence (or an RST, when one got through): the seed-191 hour of
+    chaos stalled a stripe step 3.4 s on such a link, whose window was closed."""
+    require_nft()
+    tb = testbed_factory(2, 2)
+    with Job(tb, op="all_reduce", count=1024, iters=3, gap=6.0,
+             env={"LINKESCAPE_TIMEOUT": "60", "LINKESCAPE_PROBE_RATE": "0.01"}) as job:
+        for r in range(2):
+            job.wait_for("ready", rank=r, timeout=60)
+        job.wait_for("done", rank=1, iter=0, timeout=60)
+        time.sleep(0.3)  # both ranks idle
+        t_cut = time.time()
+        _lose_fin_and_rst(tb, 1, 1, True)
+        tb.blackhole(0, 1)
+        _isolate(tb, "cut", 0, 2)
+        time.sleep(2.0)
+        for rail in range(2):
+            tb.restore(0, rail)
+        job.wait_for("done", rank=1, iter=1, timeout=60)
+        time.sleep(1.0)
+        _lose_fin_and_rst(tb, 1, 1, False)
+        exits = job.finish(timeout=120)
+        for ex in exits:
+            assert ex["error"] is None and not ex.get("hung") and ex["wrong"] == 0, (ex, job.stderr)
+        trail = job.event_trail(1)
+    downs = [e for e in trail if e["event"] == "link_down" and e["peer"] == 0 and e["rail"] == 1 and e["ts"] >= t_cut]
+    assert downs, trail
+    assert "closed its end" in (downs[0].get("detail") or ""), downs
+    ups = [e for e in trail if e["event"] == "link_up" and e["peer"] == 0 and e["rail"] == 1 and e["ts"] > downs[0]["ts"]]
+    assert ups, trail
