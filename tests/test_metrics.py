@@ -48,6 +48,11 @@ def test_snapshot_becomes_the_contract_metrics():
     state["snap"] = _snap(rejected_connections=3, replayed_bytes=1 << 20)
     assert value(m, "linkescape_rejected_connections_total") == 3
     assert value(m, "linkescape_replayed_bytes_total", {"peer": "1"}) == 1 << 20
+    assert value(m, "linkescape_store_untrusted") is None
+    state["snap"] = _snap(store_untrusted=None)
+    assert value(m, "linkescape_store_untrusted") == 0
+    state["snap"] = _snap(store_untrusted="alive/1: forged")
+    assert value(m, "linkescape_store_untrusted") == 1
 
 
 def test_events_via_eventlog_subscription():

@@ -600,6 +600,8 @@ class Communicator:
                            "recovery": self._recovery.wakeups if self._recovery is not None else 0,
                            "beacon": beacon.wakeups if beacon is not None else 0}
         snap["store_calls"] = beacon.calls if beacon is not None else 0
+        # a record the job did not write was read: the store is no evidence about any peer any more
+        snap["store_untrusted"] = beacon.tampered if beacon is not None else None
         # connections closed for failing the handshake or the key proof
         snap["rejected_connections"] = self._setup.rejected if self._setup is not None else 0
         return snap

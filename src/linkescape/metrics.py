@@ -181,6 +181,11 @@ class CommMetrics:
             fam.counter("linkescape_rejected_connections_total",
                         "Incoming connections closed because they failed authentication or the handshake",
                         extra, {}, snap["rejected_connections"])
+        if "store_untrusted" in snap:
+            fam.gauge("linkescape_store_untrusted",
+                      "1 once a store record the job did not write was read (forged, garbage, rolled back): "
+                      "the store is then no evidence that a peer is gone", extra, {},
+                      1 if snap["store_untrusted"] else 0)
         for peer, p in sorted((snap.get("peers") or {}).items(), key=lambda kv: int(kv[0])):
             pl = {"peer": str(peer)}
             primary = p.get("primary")
