@@ -65,8 +65,9 @@ class Kind(enum.IntEnum):
     RELAY_RESET = 11
     #: (the accepting, lower rank of a pair) "I have no link with you on rail
     #: <arg & 0xFF>: the one of epoch <arg >> 8> or older that you may still
-    #: hold is gone; re-dial". Repeated while that is so: it may have closed
-    #: its end while no frame could reach the dialer (its NIC without carrier)
+    #: hold is gone; re-dial". Told again whenever a link comes up or a NIC is
+    #: back while that is so: it may have closed its end while no frame could
+    #: reach the dialer (its NIC without carrier)
     NOTIFY_STALE = 12
 
 
