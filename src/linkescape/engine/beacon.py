@@ -123,7 +123,7 @@ class Beacon:
         self._cv = threading.Condition()
         self._closed = False
         #: peers whose record we read: peer -> (highest counter, our time it advanced, our time last read)
-        self._seen: Dict[int, Tuple[Optional[int], float, float]] = {}
+        self._seen: Dict[int, Tuple[int, float, float]] = {}
         #: the highest counter read of each peer ever watched (kept across its
         #: watches, so that a rollback to an older record shows; one int per peer
         #: that had no path at some time)
@@ -165,7 +165,7 @@ class Beacon:
             seen = self._seen.get(peer)
             if self.tampered is not None:
                 return None
-        if seen is None or seen[0] is None:
+        if seen is None:
             return None
         _value, changed, read = seen
         if now - read > max(2 * self.interval, 1.0):

@@ -640,7 +640,7 @@ class PeerChannel:
             if arg < len(self.status):
                 self._retry_now(arg)
         elif kind == NOTIFY_STALE:
-            rail, epoch = arg & AVOID_MASK, arg >> STALE_RAIL_BITS
+            rail, epoch = arg & ((1 << STALE_RAIL_BITS) - 1), arg >> STALE_RAIL_BITS
             other = self.links[rail] if rail < len(self.links) else None
             if other is not None and other.epoch <= epoch:
                 self.link_down(other, Ev.SOCKET_ERROR, detail=f"rank {self.rank} has no link on rail {rail} since "
