@@ -58,11 +58,22 @@ def _published(n, absent=()):
 @pytest.mark.parametrize("n", [4, 256])
 def test_the_address_exchange_costs_the_same_store_calls_at_any_size(n):
     store = DictStore(_published(n))
-    job, peers = rendezvous.exchange(store, 1, n, [("127.0.0.1", 1001)], time.monotonic() + 5)
+    job, peers, secret = rendezvous.exchange(store, 1, n, [("127.0.0.1", 1001)], time.monotonic() + 5)
     assert job == b"job0" and sorted(peers) == [p for p in range(n) if p != 1]
     assert peers[n - 1] == [("127.0.0.1", 1000 + n - 1)]
     assert store.calls.get("wait") == 2 and store.calls.get("multi_get") == 1
     assert sum(store.calls.values()) <= 6, store.calls  # set, the job (wait, get), wait, multi_get
+    assert secret is None
+
+
+def test_the_job_secret_comes_with_the_addresses_in_the_same_store_calls():
+    values = _published(8)
+    values[rendezvous.KEY_SECRET.format(job="job0")] = b"s3cret"
+    store = DictStore(values)
+    job, peers, secret = rendezvous.exchange(store, 1, 8, [("127.0.0.1", 1001)], time.monotonic() + 5,
+                                             with_secret=True)
+    assert secret == b"s3cret" and sorted(peers) == [0, 2, 3, 4, 5, 6, 7]
+    assert store.calls.get("wait") == 2 and store.calls.get("multi_get") == 1 and store.calls.get("get") == 1
 
 
 def test_a_rank_that_never_arrives_is_named():
@@ -83,7 +94,7 @@ def test_a_store_without_wait_is_read_key_by_key():
         def get(self, key):
             return self.values[key]
 
-    job, peers = rendezvous.exchange(Plain(_published(5)), 1, 5, [("127.0.0.1", 1001)], time.monotonic() + 5)
+    job, peers, _secret = rendezvous.exchange(Plain(_published(5)), 1, 5, [("127.0.0.1", 1001)], time.monotonic() + 5)
     assert sorted(peers) == [0, 2, 3, 4]
 
 

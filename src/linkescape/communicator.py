@@ -15,6 +15,7 @@ import numpy as np
 
 from . import ops as _ops
 from .algorithms import exchange, halving, latency, ring
+from .auth import load_key
 from .algorithms.base import Schedule, check_message_size, byte_view
 from .config import Config
 from .engine.beacon import RecordKey
@@ -144,24 +145,26 @@ class Communicator:
             self._driver = Driver(self._engine)
         self._driver.spin = self._spin_budget()
         starts = [self._engine.start] + ([self._recovery.start] if self._recovery is not None else [])
-        self._driver.start_background(also=starts)
-        self._start_barrier()
+        self._start_barrier(lambda: self._driver.start_background(also=starts))
         self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
 
-    def _start_barrier(self) -> None:
-        """(``connect_at_start=neighbours``) Wait until every rank's start-up is done, its engine and
-        threads running, then let recovery dial the links start-up left (the other peers', the
-        backups). A rank done first used to dial at once: on a host with more ranks than cores its
-        handshakes took the CPU from the ranks still starting (the slowest rank's init at 32 ranks on
-        2 cores: 148-183 ms, against 95-157 ms this way; see docs/benchmarks.md). The barrier's wait
-        also covers the threads' start-up, which on a loaded host waits for the CPU."""
+    def _start_barrier(self, start_threads) -> None:
+        """Start the rank's threads (``start_threads``); with ``connect_at_start=neighbours``, inside
+        a barrier: wait until every rank's start-up is done, then let recovery dial the links start-up
+        left (the other peers', the backups). A rank done first used to dial at once: on a host with
+        more ranks than cores its handshakes took the CPU from the ranks still starting (the slowest
+        rank's init at 32 ranks on 2 cores: 148-183 ms, against 95-157 ms this way; see
+        docs/benchmarks.md). The threads start once this rank has arrived: a thread's start waits
+        until the new thread runs, which on a loaded host is a scheduling round (17 ms at 32 ranks on
+        2 cores), spent while the others arrive."""
         barrier, self._barrier = self._barrier, None
         if barrier is None:
+            start_threads()
             return
         store, deadline = barrier
         try:
-            self._setup.barrier(store, deadline)
+            self._setup.barrier(store, deadline, meanwhile=start_threads)
         except BaseException:
             self._shutdown(graceful=False)
             raise
@@ -192,7 +195,8 @@ class Communicator:
         setup = LinkSetup(self.rank, self.world_size, self.rail_addrs, self.config)
         self._setup = setup
         try:
-            job, peers = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline)
+            job, peers, secret = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline,
+                                                with_secret=load_key(self.config) is None)
             # Active-backup: start-up opens the primary rail; the backups are
             # opened by recovery right after, off the caller's path (stripe: all).
             now_rails = None if self.config.policy == "stripe" or self.config.eager_backups else [0]
@@ -200,7 +204,8 @@ class Communicator:
             # rank), then a store barrier; the rest are opened right after, as the backups are.
             now_peers = start_up_peers(self.rank, self.world_size, self.config, store)
             try:
-                socks = setup.connect_all(job, peers, deadline, store=store, rails=now_rails, peers_now=now_peers)
+                socks = setup.connect_all(job, peers, deadline, store=store, rails=now_rails, peers_now=now_peers,
+                                          secret=secret)
             except Exception as exc:
                 if now_peers is not None:
                     setup.report_start_failure(store, exc)  # the others wait at the barrier: they stop too

@@ -29,7 +29,7 @@ import secrets
 import select
 import socket
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import auth
 from .config import NEIGHBOURS_FROM, Config
@@ -145,8 +145,12 @@ def _decode(value) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
-             deadline: float) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]]]:
+def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]], deadline: float,
+             with_secret: bool = False) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]], Optional[bytes]]:
+    """(job token, {peer: its rail addresses}, the per-job secret or None).
+    ``with_secret``: read the per-job secret (rank 0 wrote it before the
+    token) with the addresses, in the same two store calls, where the store
+    can (wait and multi_get); else it is None and ``job_secret`` reads it."""
     if rank == 0:
         token = secrets.token_hex(16)
         store.set(KEY_SECRET.format(job=token), auth.new_job_secret())  # before the job: readers find both
@@ -156,7 +160,9 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
     peers: Dict[int, List[Tuple[str, int]]] = {}
     missing = []
     others = [p for p in range(world_size) if p != rank]
-    values = _get_all(store, [KEY_ADDR.format(rank=p) for p in others], deadline)
+    keys = [KEY_ADDR.format(rank=p) for p in others]
+    values = _get_all(store, keys + [KEY_SECRET.format(job=job.decode())] if with_secret else keys, deadline)
+    secret = _decode(values.pop()).encode() if with_secret and values is not None else None
     for i, p in enumerate(others):
         try:
             value = values[i] if values is not None else _store_get(store, KEY_ADDR.format(rank=p), deadline, p)
@@ -167,7 +173,7 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
         peers[p] = [(s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1])) for s in raw]
     if missing:
         raise RendezvousError(f"ranks {missing} never arrived at the store", missing=missing)
-    return job, peers
+    return job, peers, secret
 
 
 def job_secret(store, job: bytes, deadline: float) -> bytes:
@@ -290,22 +296,27 @@ class LinkSetup:
     # ------------------------------------------------------------ all links
     def connect_all(self, job: bytes, peers: Dict[int, List[Tuple[str, int]]], deadline: float,
                     store=None, rails: Optional[Sequence[int]] = None,
-                    peers_now: Optional[set] = None) -> Dict[Tuple[int, int], socket.socket]:
+                    peers_now: Optional[set] = None, secret: Optional[bytes] = None) -> Dict[Tuple[int, int], socket.socket]:
         """Returns {(peer, rail): socket} for every pair and rail. ``store``:
         where the per-job secret is (when no key is configured) and where key
         mismatches are reported. ``rails``: the rails opened now (default: all
         of them); ``peers_now``: the peers (default: all of them, see
         ``start_up_peers``); the other links are opened by recovery once the
-        job runs."""
+        job runs. ``secret``: the per-job secret if ``exchange`` read it
+        (else it is read from the store when no key is configured)."""
         self.job = job
         self._store = store
+        # the first look for a peer's key mismatch comes after FLAG_INTERVAL (or at once when a
+        # handshake failed here): a start-up that goes well asks the store nothing more
+        self._flag_at = time.monotonic()
         nr = len(self.rail_addrs)
         for p, addrs in peers.items():
             if len(addrs) != nr:
                 raise RendezvousError(f"rank {p} has {len(addrs)} rails, rank {self.rank} has {nr}",
                                       missing=[p])
-        secret = None
-        if auth.load_key(self.config) is None:
+        if auth.load_key(self.config) is not None:
+            secret = None
+        elif secret is None:
             if store is None:
                 raise ConfigError("no LINKESCAPE_AUTH_KEY and no store to hold a per-job secret")
             secret = job_secret(store, job, deadline)
@@ -412,7 +423,7 @@ class LinkSetup:
             for _key, dial in live.values():
                 dial.close()
 
-    def barrier(self, store, deadline: float) -> None:
+    def barrier(self, store, deadline: float, meanwhile: Optional[Callable[[], None]] = None) -> None:
         """(``connect_at_start=neighbours``) Wait until every rank opened its
         start-up links, looking for failures meanwhile: a rank with another
         key fails with its ring neighbours, who record it in the store, and
@@ -421,11 +432,14 @@ class LinkSetup:
         cannot reach) records that, and every rank stops with
         ``RendezvousError`` naming it. Two store calls per rank (three for
         the last to arrive), and two looks at the failure records every
-        FLAG_INTERVAL while waiting."""
+        FLAG_INTERVAL while waiting. ``meanwhile`` runs once this rank has
+        arrived, before it waits for the others."""
         job = self.job.decode()
         key = KEY_ALL_STARTED.format(job=job)
         if int(store.add(KEY_STARTED.format(job=job), 1)) >= self.world_size:
             store.set(key, "1")
+        if meanwhile is not None:
+            meanwhile()
         wait = getattr(store, "wait", None)
         looked = time.monotonic()
         while True:

@@ -17,8 +17,13 @@ import socket
 import time
 from typing import Optional, Tuple
 
+try:  # (at import: an import inside start-up waits for the disk on a loaded host)
+    import resource
+except ImportError:  # pragma: no cover - not on Linux
+    resource = None  # type: ignore[assignment]
+
 from ..config import Config
-from ..errors import AuthError, HandshakeError
+from ..errors import AuthError, ConfigError, HandshakeError
 from ..protocol.handshake import DialerHandshake, Established
 
 log = logging.getLogger("linkescape.transport")
@@ -304,11 +309,7 @@ def ensure_fd_budget(links: int) -> Tuple[int, int]:
     too low for that, raise it to the hard limit (as a process may) and say
     so; when even the hard limit is too low, fail now with the fix rather
     than with EMFILE half-way through start-up. Returns (soft, hard) after."""
-    from ..errors import ConfigError
-
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Linux
+    if resource is None:  # pragma: no cover - not on Linux
         return -1, -1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = links + FD_HEADROOM
