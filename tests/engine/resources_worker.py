@@ -93,7 +93,9 @@ def series(rank: int, world: int, store: str, iters: int, mode: str, nbytes: int
         if i == warmup:
             t0 = time.perf_counter()
         if mode == "fresh":
-            buf = base + (i % 97) + rank  # a new array every operation, as a training step's tensors
+            # a new array every operation, as a training step's tensors (the issue's
+            # ``base + (i % 97) + rank``, with one temporary instead of two)
+            buf = base + ((i % 97) + rank)
         else:
             buf = np.add(base, (i % 97) + rank, out=reused)  # the same values, into the same memory
         comm.all_reduce(buf)

@@ -1,7 +1,8 @@
 """Helpers to run multi-process torch.distributed jobs on loopback (tests,
-examples): every rank is a fresh ``python`` process with the environment that
+examples): every rank is a process of its own with the environment that
 ``torchrun`` would give it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT), or a real ``torchrun``.
+MASTER_PORT), forked from a launcher that imported torch once, or a fresh
+``python`` each (``start="spawn"``), or a real ``torchrun``.
 """
 
 from __future__ import annotations
@@ -71,20 +72,133 @@ def _collect(procs: Sequence[subprocess.Popen], timeout: float) -> List[RankResu
 
 
 def launch(argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = None, timeout: float = 60.0,
-           per_rank_env: Optional[Dict[int, Dict[str, str]]] = None, cwd: Optional[str] = None
-           ) -> List[RankResult]:
-    """Run ``python argv...`` as ``nprocs`` ranks of one job; wait for all."""
+           per_rank_env: Optional[Dict[int, Dict[str, str]]] = None, cwd: Optional[str] = None,
+           start: str = "fork") -> List[RankResult]:
+    """Run ``python argv...`` as ``nprocs`` ranks of one job; wait for all.
+
+    ``start="fork"``: one launcher process imports torch.distributed (with
+    the job's environment) and forks the ranks, each then running ``argv``
+    as ``__main__`` with its own RANK/LOCAL_RANK (and ``per_rank_env``),
+    stdout and stderr, and leaving as an interpreter does (atexit, threads).
+    Each rank is still a process of its own; it only does not import torch
+    again (1.8 CPU-seconds a rank). ``"spawn"``: a fresh ``python`` per rank,
+    for what depends on the interpreter's start (import-time settings)."""
     port = free_port()
-    procs = []
+    job = {"WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    ranks = []
     for rank in range(nprocs):
-        e = _base_env(env)
-        e.update({"RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank),
-                  "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        e = {"RANK": str(rank), "LOCAL_RANK": str(rank)}
         if per_rank_env and rank in per_rank_env:
             e.update(per_rank_env[rank])
-        procs.append(subprocess.Popen([sys.executable, *argv], env=e, cwd=cwd, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
-    return _collect(procs, timeout)
+        ranks.append(e)
+    if start == "spawn":
+        procs = [subprocess.Popen([sys.executable, *argv], env={**_base_env(env), **job, **e}, cwd=cwd,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for e in ranks]
+        return _collect(procs, timeout)
+    if start != "fork":
+        raise ValueError(f"start must be 'fork' or 'spawn', not {start!r}")
+    return _launch_forked(list(argv), ranks, {**_base_env(env), **job}, cwd, timeout)
+
+
+def _launch_forked(argv: List[str], ranks: List[Dict[str, str]], env: Dict[str, str], cwd: Optional[str],
+                   timeout: float) -> List[RankResult]:
+    import json
+    import threading
+
+    pipes = [(os.pipe(), os.pipe()) for _ in ranks]
+    spec = {"argv": argv, "cwd": cwd,
+            "ranks": [{"env": e, "out": o[1], "err": er[1]} for e, (o, er) in zip(ranks, pipes)]}
+    keep = [fd for (o, er) in pipes for fd in (o[1], er[1])]
+    try:
+        launcher = subprocess.Popen([sys.executable, "-c", "from linkescape.torch.testing import _fork_main; "
+                                     "_fork_main()", json.dumps(spec)], env=env, cwd=cwd, pass_fds=keep,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+    finally:
+        for fd in keep:
+            os.close(fd)
+    texts: Dict[int, List[bytes]] = {}
+
+    def drain(fd: int) -> None:
+        chunks = texts.setdefault(fd, [])
+        with os.fdopen(fd, "rb") as f:
+            while True:
+                b = f.read1(65536)
+                if not b:
+                    return
+                chunks.append(b)
+    readers = [threading.Thread(target=drain, args=(fd,), daemon=True)
+               for (o, er) in pipes for fd in (o[0], er[0])]
+    for t in readers:
+        t.start()
+    timed_out = False
+    try:
+        so, se = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)  # the ranks are in its session
+        except (ProcessLookupError, PermissionError):
+            launcher.kill()
+        so, se = launcher.communicate()
+    for t in readers:
+        t.join(timeout=10)
+    codes: Dict[int, int] = {}
+    for line in so.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            codes[rec["rank"]] = rec["code"]
+    out = []
+    for rank, (o, er) in enumerate(pipes):
+        text = b"".join(texts.get(o[0], [])).decode(errors="replace")
+        err = b"".join(texts.get(er[0], [])).decode(errors="replace")
+        if rank not in codes and not timed_out:
+            err += f"\n--- launcher (exit {launcher.returncode}):\n{se[-4000:]}"
+        out.append(RankResult(rank, codes.get(rank), text, err, timed_out and rank not in codes))
+    return out
+
+
+def _fork_main() -> None:
+    """The launcher of ``launch(start="fork")`` (argv[1]: its JSON spec)."""
+    import json
+    import runpy
+
+    spec = json.loads(sys.argv[1])
+    import torch.distributed  # noqa: F401 - once, before the ranks are forked
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = {}
+    for rank, r in enumerate(spec["ranks"]):
+        pid = os.fork()
+        if pid == 0:  # the rank: its environment and output, then the script as __main__
+            os.environ.update(r["env"])
+            os.dup2(r["out"], 1)
+            os.dup2(r["err"], 2)
+            for other in spec["ranks"]:
+                os.close(other["out"])
+                os.close(other["err"])
+            argv = spec["argv"]
+            if argv[0] == "-c":
+                sys.argv = ["-c", *argv[2:]]
+                code = compile(argv[1], "<string>", "exec")
+                exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+            else:
+                sys.argv = list(argv)
+                sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+                runpy.run_path(argv[0], run_name="__main__")
+            sys.exit(0)  # (an exception or SystemExit leaves as the interpreter would)
+        children[pid] = rank
+    for r in spec["ranks"]:
+        os.close(r["out"])
+        os.close(r["err"])
+    while children:
+        pid, status = os.wait()
+        rank = children.pop(pid, None)
+        if rank is not None:
+            print(json.dumps({"rank": rank, "code": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 def torchrun(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = None,

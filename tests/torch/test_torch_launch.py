@@ -1,0 +1,40 @@
+"""The multi-rank launcher of the torch tests (linkescape.torch.testing.launch):
+forked ranks behave as spawned ones -- their own environment, output and exit
+status, an exception or a signal reported as a fresh interpreter would."""
+
+from __future__ import annotations
+
+import pytest
+
+from linkescape.torch.testing import launch
+
+SCRIPT = """
+import os, sys, torch.distributed
+rank = int(os.environ["RANK"])
+print(f"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} x={os.environ.get('X')} "
+      f"argv={sys.argv[1:]} main={__name__}")
+if rank == 1:
+    raise ValueError("rank one fails")
+if rank == 2:
+    os.kill(os.getpid(), 9)
+import atexit
+atexit.register(lambda: print("atexit ran", flush=True))
+sys.exit(3 if rank == 3 else 0)
+"""
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_ranks_get_their_environment_output_and_exit_status(start):
+    res = launch(["-c", SCRIPT, "a", "b"], 4, env={"X": "job"}, per_rank_env={0: {"LOCAL_RANK": "7"}},
+                 timeout=60, start=start)
+    assert [r.returncode for r in res] == [0, 1, -9, 3], [r.describe() for r in res]
+    assert "rank 0 of 4 local 7 x=job argv=['a', 'b'] main=__main__" in res[0].stdout
+    assert "rank 3 of 4 local 3" in res[3].stdout and "atexit ran" in res[3].stdout
+    assert "ValueError: rank one fails" in res[1].stderr and "rank 1 of 4" in res[1].stdout
+    assert all(not r.timed_out for r in res)
+
+
+def test_a_rank_that_hangs_is_killed_at_the_timeout():
+    res = launch(["-c", "import os, time\nif os.environ['RANK'] == '1': time.sleep(60)"], 2, timeout=8)
+    assert res[0].returncode == 0 and not res[0].timed_out
+    assert res[1].timed_out
