@@ -210,6 +210,16 @@ def test_the_start_up_barrier_costs_two_store_calls_and_returns_once_every_rank_
     setups[0].barrier(store, time.monotonic() + 5)
 
 
+def test_the_rank_s_threads_start_once_it_has_arrived_and_before_it_waits():
+    # (a thread's start waits a scheduling round: spent while the others arrive, not before)
+    store = CountingStore()
+    seen = []
+    store.values[rendezvous.KEY_STARTED.format(job="job0")] = b"1"  # the other rank arrived already
+    _setup(0, 2, store).barrier(store, time.monotonic() + 5, meanwhile=lambda: seen.append(dict(store.calls)))
+    assert seen == [{"add": 1, "set": 1}]  # counted in (and, last, it released the others), not waiting yet
+    assert store.calls == {"add": 1, "set": 1, "wait": 1}
+
+
 def test_a_rank_waiting_at_the_barrier_stops_on_a_key_mismatch_reported_by_another():
     store = CountingStore({rendezvous.KEY_AUTH_FAILED.format(job="job0"): json.dumps({"rank": 4, "peer": 5})})
     t0 = time.monotonic()

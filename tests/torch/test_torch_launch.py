@@ -1,6 +1,7 @@
 """The multi-rank launcher of the torch tests (linkescape.torch.testing.launch):
-forked ranks behave as spawned ones -- their own environment, output and exit
-status, an exception or a signal reported as a fresh interpreter would."""
+forked ranks behave as spawned ones -- their own environment, output, exit
+status and random draws, an exception or a signal reported as a fresh
+interpreter would."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pytest
 from linkescape.torch.testing import launch
 
 SCRIPT = """
-import os, sys, torch.distributed
+import os, sys, numpy, torch.distributed
 rank = int(os.environ["RANK"])
 print(f"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} x={os.environ.get('X')} "
-      f"argv={sys.argv[1:]} main={__name__}")
+      f"argv={sys.argv[1:]} main={__name__} draw={numpy.random.randint(1 << 62)}")
 if rank == 1:
     raise ValueError("rank one fails")
 if rank == 2:
@@ -32,6 +33,9 @@ def test_ranks_get_their_environment_output_and_exit_status(start):
     assert "rank 3 of 4 local 3" in res[3].stdout and "atexit ran" in res[3].stdout
     assert "ValueError: rank one fails" in res[1].stderr and "rank 1 of 4" in res[1].stdout
     assert all(not r.timed_out for r in res)
+    # numpy's global generator is seeded afresh in every rank, as in a fresh process
+    draws = {r.stdout.split("draw=")[1].split()[0] for r in res if "draw=" in r.stdout}
+    assert len(draws) == 4, [r.stdout for r in res]
 
 
 def test_a_rank_that_hangs_is_killed_at_the_timeout():

@@ -52,21 +52,26 @@ def _base_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     return env
 
 
+def _communicate(p: subprocess.Popen, timeout: float):
+    """(stdout, stderr, timed out): the process's output; at the timeout its
+    session (it and every process it started) is killed first."""
+    try:
+        so, se = p.communicate(timeout=timeout)
+        return so, se, False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            p.kill()
+        so, se = p.communicate()
+        return so, se, True
+
+
 def _collect(procs: Sequence[subprocess.Popen], timeout: float) -> List[RankResult]:
     deadline = time.monotonic() + timeout
     out: List[RankResult] = []
     for rank, p in enumerate(procs):
-        left = max(0.1, deadline - time.monotonic())
-        timed_out = False
-        try:
-            so, se = p.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                p.kill()
-            so, se = p.communicate()
+        so, se, timed_out = _communicate(p, max(0.1, deadline - time.monotonic()))
         out.append(RankResult(rank, p.returncode, so, se, timed_out))
     return out
 
@@ -133,16 +138,7 @@ def _launch_forked(argv: List[str], ranks: List[Dict[str, str]], env: Dict[str, 
                for (o, er) in pipes for fd in (o[0], er[0])]
     for t in readers:
         t.start()
-    timed_out = False
-    try:
-        so, se = launcher.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)  # the ranks are in its session
-        except (ProcessLookupError, PermissionError):
-            launcher.kill()
-        so, se = launcher.communicate()
+    so, se, timed_out = _communicate(launcher, timeout)  # (the ranks are in the launcher's session)
     for t in readers:
         t.join(timeout=10)
     codes: Dict[int, int] = {}
@@ -175,6 +171,8 @@ def _fork_main() -> None:
         pid = os.fork()
         if pid == 0:  # the rank: its environment and output, then the script as __main__
             os.environ.update(r["env"])
+            if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
+                sys.modules["numpy"].random.seed()
             os.dup2(r["out"], 1)
             os.dup2(r["err"], 2)
             for other in spec["ranks"]:
