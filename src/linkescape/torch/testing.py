@@ -113,7 +113,7 @@ def _launch_forked(argv: List[str], ranks: List[Dict[str, str]], env: Dict[str, 
     import threading
 
     pipes = [(os.pipe(), os.pipe()) for _ in ranks]
-    spec = {"argv": argv, "cwd": cwd,
+    spec = {"argv": argv,
             "ranks": [{"env": e, "out": o[1], "err": er[1]} for e, (o, er) in zip(ranks, pipes)]}
     keep = [fd for (o, er) in pipes for fd in (o[1], er[1])]
     try:
