@@ -4,6 +4,7 @@ for a dead one: ``no_path``, then the job resumes when a rail returns
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -93,3 +94,45 @@ def test_a_link_the_lower_rank_closed_while_cut_off_is_re_dialed_before_it_is_us
     assert "closed its end" in (downs[0].get("detail") or ""), downs
     ups = [e for e in trail if e["event"] == "link_up" and e["peer"] == 0 and e["rail"] == 1 and e["ts"] > downs[0]["ts"]]
     assert ups, trail
+
+
+def _silence_all_but_syn(tb, host, rails, on):
+    """Host ``host``'s NICs drop every arriving TCP segment but a SYN: its links go silent (nothing
+    it is sent arrives, nothing is acknowledged) while its kernel still answers a new connection's
+    SYN on its listeners (the SYN-ACK leaves; the rest of the handshake is dropped)."""
+    table = "le_t_synonly"
+    if not on:
+        nft.apply(tb.netns(host), f"delete table netdev {table}\n")
+        return
+    chains = "".join(f'  chain in{r} {{ type filter hook ingress device "{tb.nic(r)}" priority 0; '
+                     f'ip protocol tcp tcp flags & syn == 0 drop; }}\n' for r in range(rails))
+    nft.apply(tb.netns(host), f"table netdev {table} {{\n{chains}}}\n")
+
+
+def test_a_stopped_process_whose_kernel_answers_is_waited_for_not_taken_for_dead(testbed_factory):
+    """Rank 1 gets no CPU for 5 s (SIGSTOP: a rank starved on an overloaded host, its beacon thread
+    too) while its links are silent (its NICs drop all but SYNs). Rank 0 finds no path, and rank 1's
+    record in the store stops changing: before, that alone made rank 0 declare it lost after 2.5 s
+    (seen at 64 ranks on 2 cores: a rank starved 3.7 s after a carrier loss, and one verdict failed
+    the whole job). Now rank 0 first knocks on rank 1's listeners; its kernel accepts the
+    connection, so the process exists, and it is waited for: the job goes on when it runs again."""
+    require_nft()
+    tb = testbed_factory(2, 2)
+    with Job(tb, op="all_reduce", count=1 << 16, duration=10.0, gap=0.02,
+             env={"LINKESCAPE_TIMEOUT": "60"}) as job:
+        for r in range(2):
+            job.wait_for("ready", rank=r, timeout=60)
+        job.wait_for("done", rank=0, iter=5, timeout=60)
+        _silence_all_but_syn(tb, 1, 2, True)
+        job.procs[1].send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(5.0)  # past the peer-lost timeout (2 s), the record's staleness (2.5 s) and a knock
+        finally:
+            _silence_all_but_syn(tb, 1, 2, False)
+            job.procs[1].send_signal(signal.SIGCONT)
+        exits = job.finish(timeout=120)
+        for ex in exits:
+            assert ex["error"] is None and not ex.get("hung") and ex["wrong"] == 0, (ex, job.stderr)
+        trail = job.event_trail(0)
+    assert not [e for e in trail if e["event"] == "peer_lost"], trail
+    assert any(e["event"] == "no_path" and e["peer"] == 1 for e in trail), trail

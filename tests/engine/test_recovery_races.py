@@ -8,6 +8,7 @@ Stub engine, no threads: the interleavings are played in order."""
 
 from __future__ import annotations
 
+import select
 import socket
 
 from linkescape.config import Config
@@ -38,6 +39,9 @@ class _Engine:
         self.failed = []
         self.seen_dialing = []
         self.recovery = None
+        self.dial_answers = []
+        self.wanted = set()
+        self.probed = []
 
     def down_links(self):
         return [(p, r, nxt, first) for (p, r), (nxt, first) in self.state.items()]
@@ -48,9 +52,6 @@ class _Engine:
     def expected_from(self, peer):
         return 1
 
-    def probes_wanted(self):
-        return []
-
     def call_soon(self, fn):
         fn()
 
@@ -59,9 +60,19 @@ class _Engine:
         self.state.pop((link.peer, link.rail), None)
         self.adopted.append(link)
 
-    def dial_failed(self, peer, rail, refused):
+    def dial_failed(self, peer, rail, refused, answered=False):
         self.seen_dialing.append((peer, rail) in self.recovery.dialing)
         self.failed.append((peer, rail))
+        self.dial_answers.append((refused, answered))
+
+    def probes_wanted(self):
+        return list(self.wanted)
+
+    def probe_taken(self, peer):
+        self.wanted.discard(peer)
+
+    def listener_probed(self, peer, rail, refused, answered=False):
+        self.probed.append((peer, rail, refused, answered))
 
 
 class _Auth:
@@ -219,3 +230,46 @@ def test_an_unanswered_proved_dial_is_closed_when_the_close_wait_ends(monkeypatc
         assert dial.closed and not eng.adopted and not rec._dials
     finally:
         b.close()
+
+
+def test_a_wanted_probe_is_made_once_per_request_and_says_whether_the_listener_answered():
+    """Liveness asks for a probe of a peer's listeners (every link ended with FIN/RST, or its store
+    record stopped): one connect per rail, and the peer leaves the wanted set (it is asked again while
+    still needed). A wanted peer once stayed wanted for good: its listeners were probed twice a second
+    for the rest of the job."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    closed = socket.socket()
+    closed.bind(("127.0.0.2", 0))  # bound, not listening: the kernel refuses
+    try:
+        eng = _Engine()
+        eng.state.clear()
+        rec = Recovery(eng, _Auth(), _Acceptor(), ["127.0.0.1", "127.0.0.2"], [None, None],
+                       {0: [listener.getsockname(), closed.getsockname()]}, Config(carrier_watch=False))
+        eng.recovery = rec
+        eng.wanted.add(0)
+        now = SYSTEM.now()
+        rec._start_probes(now)
+        assert eng.wanted == set()
+        deadline = now + 2.0
+        while rec._probes and SYSTEM.now() < deadline:
+            poller = select.poll()
+            for fd in rec._probes:
+                poller.register(fd, select.POLLOUT)
+            rec._advance_probes(dict(poller.poll(100)), SYSTEM.now())
+        assert sorted(eng.probed) == [(0, 0, False, True), (0, 1, True, False)]
+        rec._start_probes(SYSTEM.now() + 1.0)  # nothing wanted: nothing probed
+        assert len(eng.probed) == 2 and not rec._probes
+    finally:
+        listener.close()
+        closed.close()
+
+
+def test_a_dial_whose_connect_completed_tells_the_engine_the_listener_answered():
+    eng, auth, rec = _recovery()
+    rec.dialing.add((0, 1))
+    rec._dial_failed((0, 1), OSError(110, "handshake timed out"), answered=True)
+    rec.dialing.add((0, 1))
+    rec._dial_failed((0, 1), OSError(111, "refused"))
+    assert eng.dial_answers == [(False, True), (True, False)]

@@ -237,18 +237,20 @@ class Engine:
         else:
             self.env.local_down &= ~(1 << rail)
 
-    def dial_failed(self, peer_rank: int, rail: int, refused: bool) -> None:
+    def dial_failed(self, peer_rank: int, rail: int, refused: bool, answered: bool = False) -> None:
+        """A re-dial failed: ``refused`` (nobody listens), or ``answered`` (the peer's kernel
+        accepted the connection, the handshake did not complete)."""
         peer = self.peers[peer_rank]
         st = peer.status[rail]
         if st.state is State.DOWN:
             now = self.clock.now()
             st.apply(Ev.PROBE, now)
             st.apply(Ev.PROBE_FAILED, now, backoff_min=0.05, backoff_max=self.config.reconnect_max)
-        self.listener_probed(peer_rank, rail, refused)
+        self.listener_probed(peer_rank, rail, refused, answered)
 
-    def listener_probed(self, peer_rank: int, rail: int, refused: bool) -> None:
+    def listener_probed(self, peer_rank: int, rail: int, refused: bool, answered: bool = False) -> None:
         peer = self.peers[peer_rank]
-        self._verdict(peer, self.liveness.listener_probed(peer, rail, refused))
+        self._verdict(peer, self.liveness.listener_probed(peer, rail, refused, answered))
 
     def down_links(self) -> List[tuple]:
         """(any thread, no lock) (peer, rail, next try, never up yet) of the down links this
@@ -279,7 +281,13 @@ class Engine:
         return self.peers[peer_rank].inbound.expected
 
     def probes_wanted(self) -> List[int]:
+        """(any thread, no lock) The peers whose listeners Liveness asked to probe."""
         return list(self._probe_wanted)
+
+    def probe_taken(self, peer_rank: int) -> None:
+        """(recovery thread) ``peer_rank``'s listeners are being probed: one probe per request
+        (Liveness asks again on its next look while it still needs one)."""
+        self._probe_wanted.discard(peer_rank)
 
     def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
         """Watch another descriptor (the carrier monitor), set up before progress starts."""
@@ -419,8 +427,9 @@ class Engine:
         if verdict is None:
             return
         if verdict is PROBE:
-            self._probe_wanted.add(peer.rank)
-            self.recovery_signal.set()
+            if peer.rank not in self._probe_wanted:
+                self._probe_wanted.add(peer.rank)
+                self.recovery_signal.set()
         elif isinstance(verdict, Gone):
             self._lost(peer, verdict.error, verdict.cause)
         elif isinstance(verdict, Expired):

@@ -7,7 +7,13 @@ Evidence that the process (or its host) is gone, and nothing else:
   with RST (the dialing side learns it by re-dialing; the accepting side, after
   every link ended with FIN/RST, by probing the peer's listeners);
 - its liveness record in the store stopped changing while the store answers
-  us (``Beacon``): a host that is off, or a process that hangs in the kernel;
+  us (``Beacon``), and a knock on its listeners (a TCP connect, closed at
+  once) finds nobody: a host that is off. A listener that accepts the knock
+  belongs to a process that still exists: one starved of CPU (64 ranks on 2
+  cores after a carrier loss: 3.7 s without a run, its beacon thread too)
+  refreshes its record again, so it is waited for; one whose kernel keeps
+  answering while its record stays unchanged for ``HUNG_FACTOR`` times
+  ``LINKESCAPE_PEER_LOST_TIMEOUT`` hangs, and is gone;
 - it said so: BYE (closed), or another rank recorded it as the root cause of
   its failure (``PEER_LOST`` frames, the store's failure record).
 
@@ -59,6 +65,27 @@ class ProbeListeners(Verdict):
 
 PROBE = ProbeListeners()
 
+#: how long a knock's answer may take (the recovery thread's connect deadline, and its round)
+KNOCK_WAIT = 0.75
+#: a knock answered this recently speaks for the peer's process
+KNOCK_FRESH = 1.0
+#: while the process answers, it is knocked on again this often
+KNOCK_INTERVAL = 0.5
+#: a process whose listeners answer but whose record stays unchanged for this many times the
+#: peer-lost timeout (from the first knock) hangs: gone
+HUNG_FACTOR = 4.0
+
+
+class _Knock:
+    """Knocks on one peer's listeners since its record was found stopped."""
+
+    __slots__ = ("since", "asked", "answered")
+
+    def __init__(self, now: float) -> None:
+        self.since = now
+        self.asked = now
+        self.answered: Optional[float] = None
+
 
 class Liveness:
     def __init__(self, rank: int, nrails: int, config, clock, beacon=None) -> None:
@@ -70,6 +97,8 @@ class Liveness:
         self.beacon = beacon
         #: peer -> rails on which a dial or a probe was refused (nobody listening)
         self.refused: dict = {}
+        #: peer -> its knocks, while its record is found stopped and it has no path
+        self.knocks: dict = {}
 
     def check(self, peer: "PeerChannel", now: float) -> Optional[Verdict]:
         """On every timer round for a peer with no path."""
@@ -82,9 +111,11 @@ class Liveness:
             beacon.watch(peer.rank)
             alive = beacon.verdict(peer.rank, cfg.peer_lost_timeout, now)
             if alive is False and waited > cfg.peer_lost_timeout:
-                return Gone(PeerLost(f"rank {peer.rank} has no path on any rail and stopped refreshing its liveness "
-                                     f"record in the store for {cfg.peer_lost_timeout:g}s: its process or host is "
-                                     f"gone", peer=peer.rank), "timeout")
+                verdict = self._knock(peer, now)
+                if verdict is not None:
+                    return verdict
+            elif alive:
+                self.knocks.pop(peer.rank, None)
         if waited > cfg.no_path_timeout:
             since = self.clock.wall() - waited
             return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
@@ -94,6 +125,31 @@ class Liveness:
             return PROBE
         return None
 
+    def _knock(self, peer: "PeerChannel", now: float) -> Optional[Verdict]:
+        """The record stopped: knock on the peer's listeners before calling it gone (PROBE asks the
+        recovery thread for one connect per rail; ``listener_probed`` brings the answers)."""
+        cfg = self.config
+        k = self.knocks.get(peer.rank)
+        if k is None:
+            self.knocks[peer.rank] = _Knock(now)
+            return PROBE
+        if k.answered is not None and now - k.answered <= KNOCK_FRESH:
+            # its kernel accepted a connection on a listener: the process exists (starved, or hung)
+            if now - k.since > HUNG_FACTOR * cfg.peer_lost_timeout:
+                return Gone(PeerLost(f"rank {peer.rank} has no path on any rail and has not refreshed its liveness "
+                                     f"record in the store for {now - k.since + cfg.peer_lost_timeout:.1f}s while "
+                                     f"its listeners still accept connections: its process hangs",
+                                     peer=peer.rank), "timeout")
+            if now - k.asked >= KNOCK_INTERVAL:
+                k.asked = now
+                return PROBE
+            return None
+        if now - k.asked <= KNOCK_WAIT:
+            return None  # the answer may still come
+        return Gone(PeerLost(f"rank {peer.rank} has no path on any rail, stopped refreshing its liveness record in "
+                             f"the store for {cfg.peer_lost_timeout:g}s and its listeners do not answer: its process "
+                             f"or host is gone", peer=peer.rank), "timeout")
+
     def link_up(self, peer: "PeerChannel", rail: int) -> None:
         """A link to ``peer`` on ``rail`` is up again: someone listens there."""
         rails = self.refused.get(peer.rank)
@@ -101,12 +157,19 @@ class Liveness:
             rails.discard(rail)
 
     def path_back(self, peer: "PeerChannel") -> None:
+        self.knocks.pop(peer.rank, None)
         if self.beacon is not None:
             self.beacon.unwatch(peer.rank)
 
-    def listener_probed(self, peer: "PeerChannel", rail: int, refused: bool) -> Optional[Verdict]:
+    def listener_probed(self, peer: "PeerChannel", rail: int, refused: bool,
+                        answered: bool = False) -> Optional[Verdict]:
         """A dial or a probe of ``peer``'s listener on ``rail`` was refused
-        (nobody listens) or not (it answered, or nothing did)."""
+        (nobody listens), ``answered`` (its kernel accepted the connection),
+        or neither (nothing came back in time)."""
+        if answered:
+            k = self.knocks.get(peer.rank)
+            if k is not None:
+                k.answered = self.clock.now()
         rails = self.refused.setdefault(peer.rank, set())
         if refused:
             rails.add(rail)

@@ -73,12 +73,16 @@ class _Probe:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def finish(self) -> bool:
-        """Whether the listener refused the connection."""
+    def finish(self, ready: bool = True) -> Tuple[bool, bool]:
+        """(refused, answered): whether the listener refused the connection, or
+        accepted it. ``ready``: the connect ended (else its deadline passed: no answer)."""
         if self.err == -1:
+            if not ready:
+                self.sock.close()
+                return False, False
             self.err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         self.sock.close()
-        return self.err == errno.ECONNREFUSED
+        return self.err == errno.ECONNREFUSED, self.err == 0
 
 
 class Recovery:
@@ -296,13 +300,15 @@ class Recovery:
             except (OSError, HandshakeError) as exc:
                 del self._dials[fd]
                 dial.close()
-                self._dial_failed(key, exc)
+                self._dial_failed(key, exc, answered=dial.connected)
                 continue
             if done:
                 del self._dials[fd]
                 self._adopt(dial.sock, key[0], key[1], self.epochs[key], dial.established)
 
-    def _dial_failed(self, key: Tuple[int, int], exc: BaseException) -> None:
+    def _dial_failed(self, key: Tuple[int, int], exc: BaseException, answered: bool = False) -> None:
+        """A dial ended without a link; ``answered``: the peer's kernel accepted the
+        connection (its listener exists) and the handshake failed after."""
         peer, rail = key
         refused = isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
         log.debug("rank %d: re-open rail %d to rank %d failed: %s", self.rank, rail, peer, exc)
@@ -310,7 +316,7 @@ class Recovery:
 
         def failed() -> None:
             try:
-                eng.dial_failed(peer, rail, refused)
+                eng.dial_failed(peer, rail, refused, answered)
             finally:
                 # only once the back-off is set (see _start_dials)
                 self.dialing.discard(key)
@@ -323,6 +329,7 @@ class Recovery:
             if now - self._probed.get(peer, -PROBE_INTERVAL) < PROBE_INTERVAL:
                 continue
             self._probed[peer] = now
+            self.engine.probe_taken(peer)
             for rail, addr in enumerate(self.peer_addrs[peer]):
                 if rail in self.local_down or len(self._probes) >= MAX_DIALS:
                     continue
@@ -337,12 +344,12 @@ class Recovery:
             probe = self._probes[fd]
             if fd in ready or now > probe.deadline:
                 del self._probes[fd]
-                self._probe_done(probe)
+                self._probe_done(probe, fd in ready)
 
-    def _probe_done(self, probe: _Probe) -> None:
-        refused = probe.finish()
+    def _probe_done(self, probe: _Probe, ready: bool = True) -> None:
+        refused, answered = probe.finish(ready)
         eng = self.engine
-        eng.call_soon(lambda: eng.listener_probed(probe.peer, probe.rail, refused))
+        eng.call_soon(lambda: eng.listener_probed(probe.peer, probe.rail, refused, answered))
 
     # ------------------------------------------------------------ accepting
     def _accept(self) -> None:

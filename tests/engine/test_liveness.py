@@ -1,0 +1,139 @@
+"""Verdicts on a peer with no path (engine/liveness.py), on a fake clock: a record in the store that
+stopped changing is not enough to call the peer gone; its listeners are knocked on first. A
+listener that accepts the knock belongs to a process that exists (starved of CPU, its beacon thread
+too: seen at 64 ranks on 2 cores), which is waited for, up to ``HUNG_FACTOR`` times the peer-lost
+timeout; one that does not answer, or refuses, is a gone process or host."""
+
+from __future__ import annotations
+
+from linkescape.config import Config
+from linkescape.engine.clock import FakeClock
+from linkescape.engine.liveness import HUNG_FACTOR, KNOCK_WAIT, PROBE, Gone, Liveness
+
+PLT = 2.0
+
+
+class _Beacon:
+    """The store's view, set by the test: True (refreshing), False (stopped), None (no answer)."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.watched = set()
+
+    def watch(self, peer: int) -> None:
+        self.watched.add(peer)
+
+    def unwatch(self, peer: int) -> None:
+        self.watched.discard(peer)
+
+    def verdict(self, peer: int, stale_after: float, now: float):
+        return self.alive
+
+
+class _Peer:
+    def __init__(self, rank: int, no_path_since: float) -> None:
+        self.rank = rank
+        self.lost = None
+        self.no_path_since = no_path_since
+        self.eof_since = None
+
+
+def _rig():
+    clock = FakeClock()
+    beacon = _Beacon()
+    lv = Liveness(0, 2, Config(peer_lost_timeout=PLT), clock, beacon)
+    return clock, beacon, lv, _Peer(3, clock.now())
+
+
+def _run(clock, lv, peer, seconds, answer=None):
+    """Timer rounds every 10 ms for ``seconds``; the verdicts seen (``answer(now)`` answers each knock)."""
+    seen = []
+    end = clock.now() + seconds
+    while clock.now() < end:
+        v = lv.check(peer, clock.now())
+        if v is not None:
+            seen.append((round(clock.now() - 1000.0, 2), v))
+            if v is PROBE and answer is not None:
+                answer(clock.now())
+            if isinstance(v, Gone):
+                return seen
+        clock.advance(0.01)
+    return seen
+
+
+def test_a_stopped_record_is_not_gone_before_a_knock_finds_nobody():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = False
+    seen = _run(clock, lv, peer, 10.0)
+    # the first look past the timeout knocks; nobody answers within KNOCK_WAIT: gone
+    assert seen[0][1] is PROBE and PLT < seen[0][0] <= PLT + 0.02, seen
+    gone = [v for _t, v in seen if isinstance(v, Gone)]
+    assert len(gone) == 1 and gone[0].cause == "timeout" and gone[0].error.peer == 3
+    assert seen[-1][0] - seen[0][0] > KNOCK_WAIT - 0.02 and seen[-1][0] - seen[0][0] < KNOCK_WAIT + 0.05, seen
+    assert "do not answer" in str(gone[0].error)
+
+
+def test_a_process_whose_listener_answers_is_waited_for_and_its_record_moving_again_clears_it():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = False
+
+    def answer(now):
+        lv.listener_probed(peer, 1, refused=False, answered=True)
+
+    seen = _run(clock, lv, peer, 5.0, answer)
+    assert not any(isinstance(v, Gone) for _t, v in seen), seen
+    knocks = [t for t, v in seen if v is PROBE]
+    assert len(knocks) >= 5 and all(b - a >= 0.49 for a, b in zip(knocks, knocks[1:])), knocks
+    beacon.alive = True  # it ran again and refreshed its record
+    assert lv.check(peer, clock.now()) is None and peer.rank not in lv.knocks
+    beacon.alive = False  # stopped again later: knocked on afresh, not judged on the old knocks
+    clock.advance(0.01)
+    assert lv.check(peer, clock.now()) is PROBE
+
+
+def test_a_process_that_answers_but_never_refreshes_its_record_hangs_and_is_gone():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = False
+
+    def answer(now):
+        lv.listener_probed(peer, 0, refused=False, answered=True)
+
+    seen = _run(clock, lv, peer, 3 * HUNG_FACTOR * PLT, answer)
+    first = seen[0][0]
+    assert isinstance(seen[-1][1], Gone), seen[-3:]
+    assert HUNG_FACTOR * PLT < seen[-1][0] - first <= HUNG_FACTOR * PLT + 0.05, (first, seen[-1])
+    assert "hangs" in str(seen[-1][1].error)
+
+
+def test_a_listener_that_stops_answering_is_gone_within_a_knock():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = False
+    answering = {"on": True}
+
+    def answer(now):
+        if answering["on"]:
+            lv.listener_probed(peer, 0, refused=False, answered=True)
+
+    seen = _run(clock, lv, peer, 3.0, answer)
+    assert not any(isinstance(v, Gone) for _t, v in seen)
+    answering["on"] = False  # the host went off
+    t0 = clock.now()
+    seen = _run(clock, lv, peer, 5.0, answer)
+    assert isinstance(seen[-1][1], Gone)
+    assert clock.now() - t0 < 1.0 + KNOCK_WAIT + 0.05  # the last answer goes stale, then one knock's wait
+
+
+def test_a_knock_refused_on_every_rail_is_gone_at_once():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = False
+    clock.advance(PLT + 0.01)
+    assert lv.check(peer, clock.now()) is PROBE
+    assert lv.listener_probed(peer, 0, refused=True) is None
+    v = lv.listener_probed(peer, 1, refused=True)
+    assert isinstance(v, Gone) and v.cause == "socket_error"
+
+
+def test_a_store_that_does_not_answer_is_no_evidence_and_nothing_is_knocked():
+    clock, beacon, lv, peer = _rig()
+    beacon.alive = None
+    assert _run(clock, lv, peer, 5.0) == []
