@@ -135,6 +135,9 @@ class Communicator:
         self.rail_addrs, self.rail_ifnames = resolve_rails(rails, store)
         self.rails = [n or a for n, a in zip(self.rail_ifnames, self.rail_addrs)]
         self.events = EventLog(rank, self.config.events)
+        c = self.config
+        # the thresholds choose the schedule: every operation's signature carries them (see _run)
+        self._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.halving_ranks, c.halving_bytes)
         self._setup = None
         self._recovery = None
         self._barrier = None  # (store, deadline) of the start-up barrier (neighbours mode)
@@ -314,10 +317,7 @@ class Communicator:
             op = Op(seq, name, deadline, collective=not p2p, need_ack=rooted)
             # The thresholds choose the schedule: ranks configured differently
             # must get a mismatch error, not wait for messages never sent.
-            sched = Schedule(op, self.rank, self.world_size, msg,
-                             _signature(name, *sig_fields, self.config.small_bytes, self.config.direct_bytes,
-                                        self.config.tree_ranks, self.config.halving_ranks,
-                                        self.config.halving_bytes))
+            sched = Schedule(op, self.rank, self.world_size, msg, _signature(name, *sig_fields, *self._sig_tail))
             build(sched)
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)

@@ -64,9 +64,25 @@ _UFUNC = {
 Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
-def is_half(dtype: np.dtype) -> bool:
+#: what is_half and check_op found, per dtype and per (op, dtype): every operation asks, and a job
+#: uses a few dtypes (bounded: a dtype past the bound is judged afresh each time)
+_HALF: Dict[np.dtype, bool] = {}
+_CHECKED: set = set()
+_MEMO_MAX = 256
+
+
+def _is_half(dtype: np.dtype) -> bool:
     # an array of bfloat16 exists only where ml_dtypes was imported already: its name says it
     return dtype == np.float16 or (dtype.kind == "V" and dtype.name == "bfloat16" and dtype == bfloat16())
+
+
+def is_half(dtype: np.dtype) -> bool:
+    half = _HALF.get(dtype)
+    if half is None:
+        half = _is_half(dtype)
+        if len(_HALF) < _MEMO_MAX:
+            _HALF[dtype] = half
+    return half
 
 
 def supported_dtype(dtype: np.dtype) -> bool:
@@ -74,6 +90,18 @@ def supported_dtype(dtype: np.dtype) -> bool:
 
 
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
+    """UnsupportedDtype unless ``op`` reduces ``dtype``."""
+    try:
+        if (op, dtype) in _CHECKED:
+            return
+    except TypeError:  # (not hashable: not a ReduceOp; _check_op says so)
+        pass
+    _check_op(op, dtype)
+    if len(_CHECKED) < _MEMO_MAX:
+        _CHECKED.add((op, dtype))
+
+
+def _check_op(op: ReduceOp, dtype: np.dtype) -> None:
     if not isinstance(op, ReduceOp):
         raise UnsupportedDtype(f"{op!r} is not a linkescape.ReduceOp")
     if not supported_dtype(dtype):
@@ -162,7 +190,7 @@ def finish_avg(buf: np.ndarray, world_size: int) -> None:
 
 
 def signature_dtype(dtype: np.dtype) -> str:
-    return "bfloat16" if is_half(dtype) and dtype != np.float16 else dtype.str
+    return "bfloat16" if dtype.kind == "V" and is_half(dtype) else dtype.str
 
 
 __all__ = ["ReduceOp", "reducer", "check_op", "finish_avg", "bfloat16", "is_half"]

@@ -9,16 +9,34 @@ rank ends with identical results.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .base import Schedule, byte_view, gloo_blocks, pow2_below
 
 
+@functools.lru_cache(maxsize=64)
+def _doubling(n: int, r: int) -> tuple:
+    """(p2, extra, partners): rank ``r``'s steps of recursive doubling over ``n`` ranks
+    (the same for every operation of a job: computed once)."""
+    p2 = pow2_below(n)
+    extra = n - p2
+    steps = []
+    if r < p2:
+        if r < extra:
+            steps.append(r + p2)
+        d = 1
+        while d < p2:
+            steps.append(r ^ d)
+            d *= 2
+    return p2, extra, tuple(steps)
+
+
 def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
     """Recursive doubling; ranks beyond the largest power of two fold in first."""
     n, r = s.world_size, s.rank
-    p2 = pow2_below(n)
-    extra = n - p2
+    p2, extra, steps = _doubling(n, r)
     nbytes = flat.nbytes
     acc = flat  # reduced in place
     raw = byte_view(flat)
@@ -30,60 +48,71 @@ def all_reduce(s: Schedule, flat: np.ndarray, red) -> None:
 
     # Each step: snapshot acc -> sbuf[k] (when the previous step is done), send it,
     # receive the partner's value into rbuf[k], then acc = acc OP rbuf[k].
-    steps = []
-    if r < extra:
-        steps.append(r + p2)
-    d = 1
-    while d < p2:
-        steps.append(r ^ d)
-        d *= 2
+    # (one scratch array for all of them: sbuf[k] is row k, rbuf[k] row nsteps + k)
     nsteps = len(steps)
-    sbufs = [np.empty_like(flat) for _ in range(nsteps)]
-    rbufs = [np.empty_like(flat) for _ in range(nsteps)]
+    count = flat.shape[0]
+    scratch = np.empty((2 * nsteps, count), flat.dtype)
+    sraw = memoryview(scratch.reshape(-1).view(np.uint8))
+    folding = r < extra
     sends = []
+    recvs = []
     for k, partner in enumerate(steps):
-        is_fold = r < extra and k == 0
-        if is_fold:
+        if folding and k == 0:
             sends.append(None)  # the folding rank sends nothing at this step
         else:
-            sends.append(s.send(partner, byte_view(sbufs[k]), ready=0))
-        s.recv(partner, nbytes, dst=byte_view(rbufs[k]))
-
-    def combine(k: int) -> None:
-        partner = steps[k]
-        a, b = (acc, rbufs[k]) if r < partner else (rbufs[k], acc)
-        red(acc, a, b)
-
-    def start_step(k: int) -> None:
-        if k < nsteps and sends[k] is not None:
-            np.copyto(sbufs[k], acc)
-            sends[k].ready = nbytes
-
+            sends.append(s.send(partner, sraw[k * nbytes:(k + 1) * nbytes], ready=0))
+        recvs.append(s.recv(partner, nbytes, dst=sraw[(nsteps + k) * nbytes:(nsteps + k + 1) * nbytes]))
+    # after the last step, the folded rank gets the result back
+    back = s.send(r + p2, raw, ready=0) if folding else None
     # Receives from different partners arrive in any order; combine strictly in
     # step order: step k's value goes into the snapshot sent at step k+1.
-    recvs = s.op.recvs[-nsteps:] if nsteps else []
-    arrived = [False] * nsteps
-    state = {"next": 0}
+    _Doubling(acc, scratch, steps, sends, recvs, back, red, r, nbytes).start_step(0)
 
-    def advance() -> None:
-        k = state["next"]
+
+class _Doubling:
+    """The state of one recursive doubling: which steps' values arrived, the next to combine."""
+
+    __slots__ = ("acc", "scratch", "steps", "sends", "arrived", "back", "red", "rank", "nbytes", "next")
+
+    def __init__(self, acc, scratch, steps, sends, recvs, back, red, rank, nbytes) -> None:
+        self.acc = acc
+        self.scratch = scratch
+        self.steps = steps
+        self.sends = sends
+        self.arrived = [False] * len(steps)
+        self.back = back
+        self.red = red
+        self.rank = rank
+        self.nbytes = nbytes
+        self.next = 0
+        for k, m in enumerate(recvs):
+            m.on_frame = functools.partial(self.on_frame, k, m)
+
+    def on_frame(self, k: int, m, received: int) -> None:
+        if received == m.nbytes:
+            self.arrived[k] = True
+            self.advance()
+
+    def start_step(self, k: int) -> None:
+        if k < len(self.steps):
+            snd = self.sends[k]
+            if snd is not None:
+                self.scratch[k] = self.acc  # the snapshot this step sends
+                snd.ready = self.nbytes
+
+    def advance(self) -> None:
+        k = self.next
+        steps, arrived, acc = self.steps, self.arrived, self.acc
+        nsteps = len(steps)
         while k < nsteps and arrived[k]:
-            combine(k)
+            got = self.scratch[nsteps + k]
+            a, b = (acc, got) if self.rank < steps[k] else (got, acc)
+            self.red(acc, a, b)
             k += 1
-            state["next"] = k
-            start_step(k)
-            if k == nsteps and back is not None:
-                back.ready = nbytes
-
-    for k, m in enumerate(recvs):
-        def on_frame(received, k=k, m=m):
-            if received == m.nbytes:
-                arrived[k] = True
-                advance()
-        m.on_frame = on_frame
-    # after the last step, the folded rank gets the result back
-    back = s.send(r + p2, raw, ready=0) if r < extra else None
-    start_step(0)
+            self.next = k
+            self.start_step(k)
+            if k == nsteps and self.back is not None:
+                self.back.ready = self.nbytes
 
 
 def _tree(n: int, rel: int, root: int):
