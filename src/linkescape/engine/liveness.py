@@ -27,6 +27,7 @@ deadline, then ``LinkFailure``.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
 
@@ -64,6 +65,8 @@ class ProbeListeners(Verdict):
 
 
 PROBE = ProbeListeners()
+
+log = logging.getLogger("linkescape.engine")
 
 #: how long a knock's answer may take (the recovery thread's connect deadline, and its round)
 KNOCK_WAIT = 0.75
@@ -169,6 +172,10 @@ class Liveness:
         if answered:
             k = self.knocks.get(peer.rank)
             if k is not None:
+                if k.answered is None:
+                    log.warning("rank %d has no path and its store record stopped, but its listener on rail %d "
+                                "accepts connections: its process exists (starved of CPU, or hung); waiting",
+                                peer.rank, rail)
                 k.answered = self.clock.now()
         rails = self.refused.setdefault(peer.rank, set())
         if refused:
