@@ -1,16 +1,29 @@
-"""One rank of the 64-rank test: numpy only and a TCPStore. Every collective,
-checked exactly, then all_reduce in a loop while the test cuts one host's
-rail, until the stop file appears. Prints JSON lines."""
+"""The ranks of one host of the 64-rank test: numpy only and a TCPStore. Every
+collective, checked exactly, then all_reduce in a loop while the test cuts
+one host's rail, until the stop file appears. Prints JSON lines, each naming
+its rank.
+
+``scale_worker.py RANKS N HOST PORT STOP ERRDIR``: RANKS (``16,17,...``) are
+forked from this process once it has imported torch.distributed, numpy and
+linkescape (each rank is still a process of its own; importing torch once per
+host instead of once per rank spares 64 x 1.8 CPU-seconds), each with its
+stderr in ``ERRDIR/stderr-RANK.txt``. Once every rank has exited, one
+``exit`` line per rank gives its exit status; the launcher's own is 0 only if
+every rank's is."""
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
 import numpy as np
+
+PR_SET_PDEATHSIG = 1
 
 
 def say(**rec) -> None:
@@ -63,8 +76,7 @@ def check_every_collective(comm, rank: int, n: int) -> int:
     return wrong
 
 
-def main() -> None:
-    rank, n, host, port, stop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+def rank_main(rank: int, n: int, host: str, port: int, stop: str) -> None:
     import torch.distributed as dist
 
     from linkescape import Communicator, ReduceOp
@@ -104,5 +116,44 @@ def main() -> None:
     os._exit(0)
 
 
+def main() -> int:
+    ranks = [int(r) for r in sys.argv[1].split(",")]
+    n, host, port, stop, errdir = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+    import torch.distributed  # noqa: F401 - imported once, before the ranks are forked
+
+    import linkescape  # noqa: F401
+
+    sys.stdout.flush()
+    children = {}
+    for rank in ranks:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the test kills the launcher
+                fd = os.open(os.path.join(errdir, f"stderr-{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(fd, 2)
+                os.close(fd)
+                rank_main(rank, n, host, port, stop)  # leaves with os._exit(0)
+            except BaseException:  # noqa: BLE001 - the rank's failure goes to its stderr file
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        children[pid] = rank
+    worst = 0
+    while children:
+        pid, status = os.wait()
+        rank = children.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        worst = worst or code
+        say(event="exit", rank=rank, code=code)
+    return 0 if worst == 0 else 1
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
