@@ -160,3 +160,23 @@ def test_the_robust_line_is_the_median_pairwise_slope_and_long_series_are_thinne
     n = resources.ROBUST_MAX_SAMPLES * 3
     long = resources.robust([i * 5.0 for i in range(n)], [7 + i * 5.0 / 3600 * 4 for i in range(n)])
     assert long["n"] == resources.ROBUST_MAX_SAMPLES and long["per_hour"] == pytest.approx(4.0)
+
+
+def test_heap_accounts_are_read_per_process_after_the_first_minute(tmp_path):
+    """heap-RANK.jsonl (one line a minute from each worker; a part's workers are new processes and
+    append to the same file): per process, Python's blocks first -> last and glibc's lowest bytes in
+    use in each half, the first minute left out."""
+    import json
+
+    lines = []
+    for proc, (t0, base) in enumerate(((0.0, 200_000), (4000.0, 210_000))):
+        for i in range(11):
+            lines.append({"t": t0 + 60.0 * i, "steps": 100 * i + (1 if i == 0 else 0), "py_blocks": base + 10 * i,
+                          "in_use": (8 + (i % 2) * 40) * 2 ** 20 + (2 ** 20 if i > 5 else 0)})
+    (tmp_path / "heap-3.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "ops-3.jsonl").write_text("")
+    h = resources.heap(str(tmp_path))
+    assert list(h) == [3] and len(h[3]) == 2
+    first = h[3][0]
+    assert first["py_blocks"] == [200_010, 200_100] and first["samples"] == 10
+    assert first["in_use_mb_low"] == [8.0, 9.0]  # the lowest of each half: outages' peaks do not count

@@ -107,3 +107,22 @@ def test_no_trim_when_turned_off():
     cfg = Config(failback_holddown=0.2, timeout=30, malloc_trim=False)
     res = raise_first(run_ranks(2, _outage, False, 1.5, rails=RAILS, config=cfg))
     assert res[0][0] == 0
+
+
+def test_usage_counts_what_is_allocated_and_what_is_freed():
+    """glibc's account (mallinfo2): a block held shows in ``in_use``; freed, it leaves it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = heap.usage()
+    assert before is not None and before["in_use"] > 0
+    blocks = [libc.malloc(1000) for _ in range(2000)]  # 2 MB in small blocks: inside the heap, not mapped
+    held = heap.usage()
+    for b in blocks:
+        libc.free(b)
+    after = heap.usage()
+    assert held["in_use"] - before["in_use"] >= 1_900_000
+    assert held["in_use"] - after["in_use"] >= 1_900_000

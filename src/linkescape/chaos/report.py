@@ -248,7 +248,7 @@ def _resource_trends(data: Mapping[str, Any], reasons: List[str]) -> Dict[str, A
     tr = resources.trends(samples, parts)
     if tr["reasons"]:
         reasons.append("resources not flat: " + "; ".join(tr["reasons"][:4]))
-    return {"resource_trends": tr, "resource_samples": len(samples)}
+    return {"resource_trends": tr, "resource_samples": len(samples), "heap": resources.heap(data["run_dir"])}
 
 
 def _relay_verdict(rel: Mapping[str, Any], data: Mapping[str, Any], reasons: List[str]) -> None:
@@ -386,6 +386,7 @@ def format_report(rep: Dict[str, Any]) -> str:
                 add(f"  rank {r}{' ' + label if label else ''}: " + " -> ".join(cells)
                     + (f"  threads left after close: {left}" if left else ""))
         _trends(rep.get("resource_trends"), rep.get("rss_png"), add)
+        _heap(rep.get("heap"), add)
         for part in rep.get("parts") or []:
             if part.get("part") is None:
                 continue
@@ -454,6 +455,21 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
             + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
     if pngs:
         add(f"  picture: {pngs[0]}")
+
+
+def _heap(heap: Optional[Mapping[Any, Any]], add) -> None:
+    """The heap's account per rank and process: Python's blocks, glibc's lowest bytes in use."""
+    if not heap:
+        return
+    cells = []
+    for rank, rows in sorted(heap.items(), key=lambda kv: int(kv[0])):
+        for row in rows:
+            b = row["py_blocks"]
+            low = row.get("in_use_mb_low")
+            cells.append(f"rank {rank} blocks {b[0]} -> {b[1]}" + (f", in use {low[0]} -> {low[1]} MB" if low else ""))
+    if cells:
+        add("  heap after the first minute (Python's allocated blocks first -> last; glibc's lowest bytes in use, "
+            "first half -> second half): " + "; ".join(cells))
 
 
 def _stalls(st: Dict[str, Any], add, t0: float) -> None:

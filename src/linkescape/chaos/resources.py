@@ -72,6 +72,41 @@ ROBUST_MAX_SAMPLES = 1500
 LIMITS = {"rss_mb": RSS_LIMIT_MB_PER_H, "fds": COUNT_LIMIT_PER_H, "threads": COUNT_LIMIT_PER_H}
 
 
+def heap(rdir: str) -> Dict[int, List[Dict[str, Any]]]:
+    """What each rank's heap held (the workers' ``heap-RANK.jsonl``, one line a minute), per process
+    (a part's ranks are new processes: its steps start again), after the first minute: Python's
+    allocated blocks first -> last, and glibc's bytes in use at their lowest in the first and the last
+    half. A leak of objects grows the blocks; one of C memory the lowest bytes in use; both flat while
+    RSS's floor rises is the allocator's (fragmentation, arenas)."""
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for name in sorted(os.listdir(rdir)) if os.path.isdir(rdir) else ():
+        if not (name.startswith("heap-") and name.endswith(".jsonl")):
+            continue
+        try:
+            rank = int(name[5:-6])
+        except ValueError:
+            continue
+        procs: List[List[Dict[str, Any]]] = []
+        for rec in jsonl.read(os.path.join(rdir, name)):
+            if not procs or rec.get("steps", 0) < procs[-1][-1].get("steps", 0):
+                procs.append([])
+            procs[-1].append(rec)
+        rows = []
+        for recs in procs:
+            keep = [r for r in recs if r["t"] >= recs[0]["t"] + WARMUP_S]
+            if len(keep) < 2:
+                continue
+            half = len(keep) // 2
+            row: Dict[str, Any] = {"samples": len(keep), "minutes": round((keep[-1]["t"] - keep[0]["t"]) / 60.0, 1),
+                                   "py_blocks": [keep[0].get("py_blocks"), keep[-1].get("py_blocks")]}
+            if all("in_use" in r for r in keep):
+                row["in_use_mb_low"] = [round(min(r["in_use"] for r in keep[:half]) / 2 ** 20, 1),
+                                        round(min(r["in_use"] for r in keep[half:]) / 2 ** 20, 1)]
+            rows.append(row)
+        out[rank] = rows
+    return out
+
+
 def load(rdir: str) -> List[Dict[str, Any]]:
     """The samples of a run directory (empty for runs made before they were taken)."""
     path = os.path.join(rdir, "resources.jsonl")

@@ -12,7 +12,11 @@ checks every result exactly. Writes:
 * stdout: JSON lines for the controller: ``ready``, ``resources`` (at start,
   warmed up, end and after ``close()``), ``progress`` every 0.5 s (steps done,
   elements wrong, the step outstanding and since when), ``mismatch`` for each
-  wrong result, and ``exit`` (counts by operation, wrong, error).
+  wrong result, and ``exit`` (counts by operation, wrong, error);
+* ``heap-RANK.jsonl`` beside ``--ops FILE``: every minute, the heap's account
+  (``engine/heap.usage``: glibc's bytes in use, free inside the heaps, mapped
+  on their own), Python's allocated blocks and RSS, to tell what keeps memory
+  (a leak grows ``in_use``, fragmentation ``free``).
 
 The ranks stop together: every 4th step is followed by a 4-byte all_reduce of
 each rank's "the stop file exists" flag; all see the same sum after the same
@@ -73,10 +77,28 @@ class Progress:
         self.last_done: Optional[float] = None
 
 
-def _progress_loop(prog: Progress, stop: threading.Event) -> None:
+#: seconds between two heap samples
+HEAP_EVERY_S = 60.0
+
+
+def heap_sample(steps: int) -> Dict[str, Any]:
+    """One line of ``heap-RANK.jsonl``: glibc's heap account, Python's blocks, RSS."""
+    from linkescape.engine import heap
+
+    rec: Dict[str, Any] = {"t": round(time.time(), 3), "steps": steps, "py_blocks": sys.getallocatedblocks(),
+                           "rss_mb": resources().get("rss_mb")}
+    rec.update(heap.usage() or {})
+    return rec
+
+
+def _progress_loop(prog: Progress, stop: threading.Event, heap_fd: Optional[int] = None) -> None:
+    next_heap = time.monotonic()
     while not stop.wait(0.5):
         say(event="progress", steps=prog.steps, verified=prog.verified, wrong=prog.wrong, step=prog.current,
                 since=prog.since, last_done=prog.last_done)
+        if heap_fd is not None and time.monotonic() >= next_heap:
+            next_heap += HEAP_EVERY_S
+            jsonl.write(heap_fd, heap_sample(prog.steps), compact=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,12 +115,14 @@ def run(args: argparse.Namespace) -> int:
     error: Optional[Dict[str, Any]] = None
     stop_progress = threading.Event()
     ops_fd = os.open(args.ops, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    heap_fd = os.open(os.path.join(os.path.dirname(os.path.abspath(args.ops)), f"heap-{args.rank}.jsonl"),
+                      os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     say(event="resources", at="start", **resources())
     comm = None
     try:
         comm = Communicator(FileStore(args.store, timeout=120), args.rank, args.world)
         say(event="ready", rank=args.rank, rails=list(comm.rails))
-        threading.Thread(target=_progress_loop, args=(prog, stop_progress), name="chaos-progress",
+        threading.Thread(target=_progress_loop, args=(prog, stop_progress, heap_fd), name="chaos-progress",
                          daemon=True).start()
         flag = np.zeros(1, np.int32)
         k = 0

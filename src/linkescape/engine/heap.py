@@ -105,4 +105,37 @@ class HeapTrimmer:
         return True
 
 
-__all__ = ["HeapTrimmer", "MIN_INTERVAL", "available"]
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+_mallinfo2 = None
+
+
+def usage() -> Optional[dict]:
+    """glibc's account of the heap (``mallinfo2``, glibc >= 2.33), in bytes, or None elsewhere.
+
+    ``in_use``: allocated and not freed (the main arena and the threads' arenas);
+    ``free``: freed but still inside the heaps (what fragmentation keeps resident, part of it);
+    ``mmapped``: large blocks mapped on their own (freed straight back to the system).
+    A leak grows ``in_use``; fragmentation grows ``free`` while ``in_use`` stays.
+    """
+    global _mallinfo2
+    if _mallinfo2 is None:
+        try:
+            fn = ctypes.CDLL(None).mallinfo2
+            fn.restype = _Mallinfo2
+            fn.argtypes = []
+            _mallinfo2 = fn
+        except (OSError, AttributeError):
+            _mallinfo2 = False
+    if not _mallinfo2:
+        return None
+    mi = _mallinfo2()
+    return {"arena": mi.arena, "in_use": mi.uordblks, "free": mi.fordblks, "mmapped": mi.hblkhd,
+            "top_pad": mi.keepcost}
+
+
+__all__ = ["HeapTrimmer", "MIN_INTERVAL", "available", "usage"]
