@@ -189,8 +189,17 @@ def finish_avg(buf: np.ndarray, world_size: int) -> None:
         np.divide(buf, world_size, out=buf, casting="unsafe")
 
 
+_SIG_DTYPE: Dict[np.dtype, str] = {}
+
+
 def signature_dtype(dtype: np.dtype) -> str:
-    return "bfloat16" if dtype.kind == "V" and is_half(dtype) else dtype.str
+    """What the ranks must agree on of a dtype (in the operation's signature)."""
+    sig = _SIG_DTYPE.get(dtype)
+    if sig is None:
+        sig = "bfloat16" if dtype.kind == "V" and is_half(dtype) else dtype.str
+        if len(_SIG_DTYPE) < _MEMO_MAX:
+            _SIG_DTYPE[dtype] = sig
+    return sig
 
 
 __all__ = ["ReduceOp", "reducer", "check_op", "finish_avg", "bfloat16", "is_half"]
