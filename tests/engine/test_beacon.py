@@ -46,7 +46,8 @@ def _judge(beacon, store, clock, peer, counters):
             store.set(ALIVE_KEY.format(rank=peer), KEY.alive(peer, c))
         _round(beacon, peer)
         clock.advance(0.5)
-    return beacon.verdict(peer, STALE, clock.now())
+    age = beacon.record_age(peer, clock.now())
+    return None if age is None else age <= beacon.stale_after(STALE)
 
 
 def test_an_advancing_record_is_a_live_peer_and_a_stopped_one_a_gone_one():

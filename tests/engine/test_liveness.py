@@ -14,10 +14,13 @@ PLT = 2.0
 
 
 class _Beacon:
-    """The store's view, set by the test: True (refreshing), False (stopped), None (no answer)."""
+    """The store's view, set by the test: the peer's record refreshing or not, the store answering or not."""
 
-    def __init__(self) -> None:
-        self.alive = True
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.refreshing = True
+        self.answering = True
+        self.changed = clock.now()
         self.watched = set()
 
     def watch(self, peer: int) -> None:
@@ -26,8 +29,15 @@ class _Beacon:
     def unwatch(self, peer: int) -> None:
         self.watched.discard(peer)
 
-    def verdict(self, peer: int, stale_after: float, now: float):
-        return self.alive
+    def stale_after(self, stale_after: float) -> float:
+        return max(stale_after, 2.5)
+
+    def record_age(self, peer: int, now: float):
+        if not self.answering:
+            return None
+        if self.refreshing:
+            self.changed = now
+        return now - self.changed
 
 
 class _Peer:
@@ -40,7 +50,7 @@ class _Peer:
 
 def _rig():
     clock = FakeClock()
-    beacon = _Beacon()
+    beacon = _Beacon(clock)
     lv = Liveness(0, 2, Config(peer_lost_timeout=PLT), clock, beacon)
     return clock, beacon, lv, _Peer(3, clock.now())
 
@@ -63,19 +73,20 @@ def _run(clock, lv, peer, seconds, answer=None):
 
 def test_a_stopped_record_is_not_gone_before_a_knock_finds_nobody():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = False
+    beacon.refreshing = False  # the host went off with the path
     seen = _run(clock, lv, peer, 10.0)
-    # the first look past the timeout knocks; nobody answers within KNOCK_WAIT: gone
-    assert seen[0][1] is PROBE and PLT < seen[0][0] <= PLT + 0.02, seen
+    # the knock starts KNOCK_WAIT before the record counts as stopped (2.5 s), so that nobody's answer
+    # is known by then: the verdict comes no later than the record's staleness alone would give it
+    assert seen[0][1] is PROBE and 2.5 - KNOCK_WAIT <= seen[0][0] <= 2.5 - KNOCK_WAIT + 0.02, seen
     gone = [v for _t, v in seen if isinstance(v, Gone)]
     assert len(gone) == 1 and gone[0].cause == "timeout" and gone[0].error.peer == 3
-    assert seen[-1][0] - seen[0][0] > KNOCK_WAIT - 0.02 and seen[-1][0] - seen[0][0] < KNOCK_WAIT + 0.05, seen
+    assert 2.5 <= seen[-1][0] <= 2.55, seen
     assert "do not answer" in str(gone[0].error)
 
 
 def test_a_process_whose_listener_answers_is_waited_for_and_its_record_moving_again_clears_it():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = False
+    beacon.refreshing = False
 
     def answer(now):
         lv.listener_probed(peer, 1, refused=False, answered=True)
@@ -84,16 +95,16 @@ def test_a_process_whose_listener_answers_is_waited_for_and_its_record_moving_ag
     assert not any(isinstance(v, Gone) for _t, v in seen), seen
     knocks = [t for t, v in seen if v is PROBE]
     assert len(knocks) >= 5 and all(b - a >= 0.49 for a, b in zip(knocks, knocks[1:])), knocks
-    beacon.alive = True  # it ran again and refreshed its record
+    beacon.refreshing = True  # it ran again and refreshed its record
     assert lv.check(peer, clock.now()) is None and peer.rank not in lv.knocks
-    beacon.alive = False  # stopped again later: knocked on afresh, not judged on the old knocks
-    clock.advance(0.01)
-    assert lv.check(peer, clock.now()) is PROBE
+    beacon.refreshing = False  # stopped again later: knocked on afresh, not judged on the old knocks
+    seen = _run(clock, lv, peer, 2.0)
+    assert seen and seen[0][1] is PROBE and not any(isinstance(v, Gone) for _t, v in seen), seen
 
 
 def test_a_process_that_answers_but_never_refreshes_its_record_hangs_and_is_gone():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = False
+    beacon.refreshing = False
 
     def answer(now):
         lv.listener_probed(peer, 0, refused=False, answered=True)
@@ -107,7 +118,7 @@ def test_a_process_that_answers_but_never_refreshes_its_record_hangs_and_is_gone
 
 def test_a_listener_that_stops_answering_is_gone_within_a_knock():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = False
+    beacon.refreshing = False
     answering = {"on": True}
 
     def answer(now):
@@ -125,8 +136,8 @@ def test_a_listener_that_stops_answering_is_gone_within_a_knock():
 
 def test_a_knock_refused_on_every_rail_is_gone_at_once():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = False
-    clock.advance(PLT + 0.01)
+    beacon.refreshing = False
+    clock.advance(2.5 - KNOCK_WAIT + 0.01)
     assert lv.check(peer, clock.now()) is PROBE
     assert lv.listener_probed(peer, 0, refused=True) is None
     v = lv.listener_probed(peer, 1, refused=True)
@@ -135,5 +146,5 @@ def test_a_knock_refused_on_every_rail_is_gone_at_once():
 
 def test_a_store_that_does_not_answer_is_no_evidence_and_nothing_is_knocked():
     clock, beacon, lv, peer = _rig()
-    beacon.alive = None
+    beacon.answering = False
     assert _run(clock, lv, peer, 5.0) == []

@@ -156,11 +156,14 @@ class Beacon:
             self._watch.discard(peer)
             self._seen.pop(peer, None)
 
-    def verdict(self, peer: int, stale_after: float, now: float) -> Optional[bool]:
-        """True: the peer refreshes its record (alive); False: the record
-        stopped advancing for ``stale_after`` seconds while we kept reading it
-        (gone); None: the store cannot tell (no answer, no authentic record,
-        a record tampered with, too soon)."""
+    def stale_after(self, stale_after: float) -> float:
+        """How long a record must stay unchanged while we keep reading it to be called stopped
+        (``STALE_BEATS`` beats, and at least ``stale_after``)."""
+        return max(stale_after, STALE_BEATS * self.interval)
+
+    def record_age(self, peer: int, now: float) -> Optional[float]:
+        """Seconds since we saw ``peer``'s record advance (or first read it), or None when the
+        store cannot tell (no answer, no authentic record, a record tampered with)."""
         with self._cv:
             seen = self._seen.get(peer)
             if self.tampered is not None:
@@ -169,8 +172,8 @@ class Beacon:
             return None
         _value, changed, read = seen
         if now - read > max(2 * self.interval, 1.0):
-            return None  # our reads stalled: the store (or this thread) is not answering
-        return now - changed <= max(stale_after, STALE_BEATS * self.interval)
+            return None
+        return now - changed
 
     def report_failure(self, peer: int, error: BaseException) -> None:
         """Record the root cause of this rank's failure for the others."""

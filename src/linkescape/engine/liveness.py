@@ -8,7 +8,8 @@ Evidence that the process (or its host) is gone, and nothing else:
   every link ended with FIN/RST, by probing the peer's listeners);
 - its liveness record in the store stopped changing while the store answers
   us (``Beacon``), and a knock on its listeners (a TCP connect, closed at
-  once) finds nobody: a host that is off. A listener that accepts the knock
+  once; it starts ``KNOCK_WAIT`` before the record counts as stopped, so its
+  answer is in by then) finds nobody: a host that is off. A listener that accepts the knock
   belongs to a process that still exists: one starved of CPU (64 ranks on 2
   cores after a carrier loss: 3.7 s without a run, its beacon thread too)
   refreshes its record again, so it is waited for; one whose kernel keeps
@@ -112,13 +113,18 @@ class Liveness:
         waited = now - peer.no_path_since
         if beacon is not None:
             beacon.watch(peer.rank)
-            alive = beacon.verdict(peer.rank, cfg.peer_lost_timeout, now)
-            if alive is False and waited > cfg.peer_lost_timeout:
-                verdict = self._knock(peer, now)
-                if verdict is not None:
-                    return verdict
-            elif alive:
-                self.knocks.pop(peer.rank, None)
+            age = beacon.record_age(peer.rank, now)
+            k = self.knocks.get(peer.rank)
+            if k is not None and (age is None or age < now - k.since):
+                del self.knocks[peer.rank]  # its record moved since the knocks began (or no evidence now)
+            if age is not None:
+                # the knock starts KNOCK_WAIT before the record would be called stopped, so that its
+                # answer is in by then: it adds nothing to the verdict on a host that is off
+                stale = beacon.stale_after(cfg.peer_lost_timeout)
+                if age >= stale - KNOCK_WAIT and waited > cfg.peer_lost_timeout - KNOCK_WAIT:
+                    verdict = self._knock(peer, now, age >= stale and waited > cfg.peer_lost_timeout)
+                    if verdict is not None:
+                        return verdict
         if waited > cfg.no_path_timeout:
             since = self.clock.wall() - waited
             return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
@@ -128,9 +134,10 @@ class Liveness:
             return PROBE
         return None
 
-    def _knock(self, peer: "PeerChannel", now: float) -> Optional[Verdict]:
-        """The record stopped: knock on the peer's listeners before calling it gone (PROBE asks the
-        recovery thread for one connect per rail; ``listener_probed`` brings the answers)."""
+    def _knock(self, peer: "PeerChannel", now: float, stopped: bool) -> Optional[Verdict]:
+        """The record is stopping (``stopped``: it stopped): knock on the peer's listeners before
+        calling it gone (PROBE asks the recovery thread for one connect per rail;
+        ``listener_probed`` brings the answers)."""
         cfg = self.config
         k = self.knocks.get(peer.rank)
         if k is None:
@@ -138,17 +145,17 @@ class Liveness:
             return PROBE
         if k.answered is not None and now - k.answered <= KNOCK_FRESH:
             # its kernel accepted a connection on a listener: the process exists (starved, or hung)
-            if now - k.since > HUNG_FACTOR * cfg.peer_lost_timeout:
+            if stopped and now - k.since > HUNG_FACTOR * cfg.peer_lost_timeout:
                 return Gone(PeerLost(f"rank {peer.rank} has no path on any rail and has not refreshed its liveness "
-                                     f"record in the store for {now - k.since + cfg.peer_lost_timeout:.1f}s while "
+                                     f"record in the store for over {HUNG_FACTOR * cfg.peer_lost_timeout:g}s while "
                                      f"its listeners still accept connections: its process hangs",
                                      peer=peer.rank), "timeout")
             if now - k.asked >= KNOCK_INTERVAL:
                 k.asked = now
                 return PROBE
             return None
-        if now - k.asked <= KNOCK_WAIT:
-            return None  # the answer may still come
+        if now - k.asked <= KNOCK_WAIT or not stopped:
+            return None  # the answer may still come (or the record has not stopped yet)
         return Gone(PeerLost(f"rank {peer.rank} has no path on any rail, stopped refreshing its liveness record in "
                              f"the store for {cfg.peer_lost_timeout:g}s and its listeners do not answer: its process "
                              f"or host is gone", peer=peer.rank), "timeout")
