@@ -180,7 +180,7 @@ class Liveness:
             k = self.knocks.get(peer.rank)
             if k is not None:
                 if k.answered is None:
-                    log.warning("rank %d has no path and its store record stopped, but its listener on rail %d "
+                    log.warning("rank %d has no path and its store record is not moving, but its listener on rail %d "
                                 "accepts connections: its process exists (starved of CPU, or hung); waiting",
                                 peer.rank, rail)
                 k.answered = self.clock.now()
