@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from linkescape.config import Config
 from linkescape.engine.clock import FakeClock
-from linkescape.engine.liveness import HUNG_FACTOR, KNOCK_WAIT, PROBE, Gone, Liveness
+from linkescape.engine.liveness import HUNG_FACTOR, KNOCK_GIVE_UP, KNOCK_WAIT, PROBE, Gone, Liveness
 
 PLT = 2.0
 
@@ -74,7 +74,11 @@ def _run(clock, lv, peer, seconds, answer=None):
 def test_a_stopped_record_is_not_gone_before_a_knock_finds_nobody():
     clock, beacon, lv, peer = _rig()
     beacon.refreshing = False  # the host went off with the path
-    seen = _run(clock, lv, peer, 10.0)
+
+    def nobody(now):  # each knock's connects find nobody (their deadline passes)
+        lv.listener_probed(peer, 0, refused=False, answered=False)
+
+    seen = _run(clock, lv, peer, 10.0, nobody)
     # the knock starts KNOCK_WAIT before the record counts as stopped (2.5 s), so that nobody's answer
     # is known by then: the verdict comes no later than the record's staleness alone would give it
     assert seen[0][1] is PROBE and 2.5 - KNOCK_WAIT <= seen[0][0] <= 2.5 - KNOCK_WAIT + 0.02, seen
@@ -122,8 +126,7 @@ def test_a_listener_that_stops_answering_is_gone_within_a_knock():
     answering = {"on": True}
 
     def answer(now):
-        if answering["on"]:
-            lv.listener_probed(peer, 0, refused=False, answered=True)
+        lv.listener_probed(peer, 0, refused=False, answered=answering["on"])
 
     seen = _run(clock, lv, peer, 3.0, answer)
     assert not any(isinstance(v, Gone) for _t, v in seen)
@@ -148,3 +151,14 @@ def test_a_store_that_does_not_answer_is_no_evidence_and_nothing_is_knocked():
     clock, beacon, lv, peer = _rig()
     beacon.answering = False
     assert _run(clock, lv, peer, 5.0) == []
+
+
+def test_a_knock_that_could_not_be_made_is_waited_for_then_the_store_decides():
+    """No knock's result comes (every probe slot busy at scale, or our own rails all down): the
+    verdict waits for one, and gives up on it KNOCK_GIVE_UP after asking (the store alone decides)."""
+    clock, beacon, lv, peer = _rig()
+    beacon.refreshing = False
+    seen = _run(clock, lv, peer, 10.0)
+    first = seen[0][0]
+    assert seen[0][1] is PROBE and isinstance(seen[-1][1], Gone), seen
+    assert KNOCK_GIVE_UP < seen[-1][0] - first <= KNOCK_GIVE_UP + 0.05, seen

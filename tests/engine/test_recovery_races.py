@@ -273,3 +273,17 @@ def test_a_dial_whose_connect_completed_tells_the_engine_the_listener_answered()
     rec.dialing.add((0, 1))
     rec._dial_failed((0, 1), OSError(111, "refused"))
     assert eng.dial_answers == [(False, True), (True, False)]
+
+
+def test_a_peer_is_probed_on_every_rail_at_once_or_stays_wanted():
+    """Probes in flight are bounded (MAX_DIALS): a peer whose rails do not all fit is left wanted
+    for the next round, not taken with a rail unprobed (a knock with no connect made would read as
+    nobody answering)."""
+    from linkescape.engine.recovery import MAX_DIALS
+
+    eng, _auth, rec = _recovery()
+    eng.state.clear()
+    eng.wanted.add(0)
+    rec._probes = {-(i + 1): None for i in range(MAX_DIALS - 1)}  # one slot left, the peer has two rails
+    rec._start_probes(SYSTEM.now())
+    assert eng.wanted == {0} and len(rec._probes) == MAX_DIALS - 1 and not rec._probed

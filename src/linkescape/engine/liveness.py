@@ -75,6 +75,8 @@ KNOCK_WAIT = 0.75
 KNOCK_FRESH = 1.0
 #: while the process answers, it is knocked on again this often
 KNOCK_INTERVAL = 0.5
+#: no knock's result this long after asking (none could be made: our rails all down): the store decides
+KNOCK_GIVE_UP = 3 * KNOCK_WAIT
 #: a process whose listeners answer but whose record stays unchanged for this many times the
 #: peer-lost timeout (from the first knock) hangs: gone
 HUNG_FACTOR = 4.0
@@ -83,12 +85,14 @@ HUNG_FACTOR = 4.0
 class _Knock:
     """Knocks on one peer's listeners since its record was found stopped."""
 
-    __slots__ = ("since", "asked", "answered")
+    __slots__ = ("since", "asked", "answered", "unanswered")
 
     def __init__(self, now: float) -> None:
         self.since = now
         self.asked = now
+        #: when a listener last accepted a knock, and when a knock last found nobody (or a refusal)
         self.answered: Optional[float] = None
+        self.unanswered: Optional[float] = None
 
 
 class Liveness:
@@ -156,6 +160,8 @@ class Liveness:
             return None
         if now - k.asked <= KNOCK_WAIT or not stopped:
             return None  # the answer may still come (or the record has not stopped yet)
+        if (k.unanswered is None or k.unanswered < k.asked) and now - k.asked <= KNOCK_GIVE_UP:
+            return None  # no knock was made yet (every probe slot busy): the verdict waits for one
         return Gone(PeerLost(f"rank {peer.rank} has no path on any rail, stopped refreshing its liveness record in "
                              f"the store for {cfg.peer_lost_timeout:g}s and its listeners do not answer: its process "
                              f"or host is gone", peer=peer.rank), "timeout")
@@ -176,8 +182,10 @@ class Liveness:
         """A dial or a probe of ``peer``'s listener on ``rail`` was refused
         (nobody listens), ``answered`` (its kernel accepted the connection),
         or neither (nothing came back in time)."""
+        k = self.knocks.get(peer.rank)
+        if k is not None and not answered:
+            k.unanswered = self.clock.now()
         if answered:
-            k = self.knocks.get(peer.rank)
             if k is not None:
                 if k.answered is None:
                     log.warning("rank %d has no path and its store record is not moving, but its listener on rail %d "

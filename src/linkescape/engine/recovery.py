@@ -328,10 +328,12 @@ class Recovery:
         for peer in self.engine.probes_wanted():
             if now - self._probed.get(peer, -PROBE_INTERVAL) < PROBE_INTERVAL:
                 continue
+            if len(self._probes) + len(self.peer_addrs[peer]) > MAX_DIALS:
+                break  # every rail of a peer is probed at once, or none yet: it stays wanted
             self._probed[peer] = now
             self.engine.probe_taken(peer)
             for rail, addr in enumerate(self.peer_addrs[peer]):
-                if rail in self.local_down or len(self._probes) >= MAX_DIALS:
+                if rail in self.local_down:
                     continue
                 probe = _Probe(peer, rail, self.rail_addrs[rail], addr, now + PROBE_DEADLINE)
                 if probe.err != -1:
