@@ -64,11 +64,19 @@ _UFUNC = {
 Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
-#: what is_half and check_op found, per dtype and per (op, dtype): every operation asks, and a job
-#: uses a few dtypes (bounded: a dtype past the bound is judged afresh each time)
+#: what is_half, signature_dtype and check_op found, per dtype and per (op, dtype): every operation
+#: asks, and a job uses a few dtypes (bounded: a dtype past the bound is judged afresh each time)
 _HALF: Dict[np.dtype, bool] = {}
+_SIG_DTYPE: Dict[np.dtype, str] = {}
 _CHECKED: set = set()
 _MEMO_MAX = 256
+
+
+def _kept(table: dict, key, value):
+    """``value``, remembered under ``key`` while the table is below its bound."""
+    if len(table) < _MEMO_MAX:
+        table[key] = value
+    return value
 
 
 def _is_half(dtype: np.dtype) -> bool:
@@ -78,11 +86,7 @@ def _is_half(dtype: np.dtype) -> bool:
 
 def is_half(dtype: np.dtype) -> bool:
     half = _HALF.get(dtype)
-    if half is None:
-        half = _is_half(dtype)
-        if len(_HALF) < _MEMO_MAX:
-            _HALF[dtype] = half
-    return half
+    return half if half is not None else _kept(_HALF, dtype, _is_half(dtype))
 
 
 def supported_dtype(dtype: np.dtype) -> bool:
@@ -189,16 +193,11 @@ def finish_avg(buf: np.ndarray, world_size: int) -> None:
         np.divide(buf, world_size, out=buf, casting="unsafe")
 
 
-_SIG_DTYPE: Dict[np.dtype, str] = {}
-
-
 def signature_dtype(dtype: np.dtype) -> str:
     """What the ranks must agree on of a dtype (in the operation's signature)."""
     sig = _SIG_DTYPE.get(dtype)
     if sig is None:
-        sig = "bfloat16" if dtype.kind == "V" and is_half(dtype) else dtype.str
-        if len(_SIG_DTYPE) < _MEMO_MAX:
-            _SIG_DTYPE[dtype] = sig
+        sig = _kept(_SIG_DTYPE, dtype, "bfloat16" if dtype.kind == "V" and is_half(dtype) else dtype.str)
     return sig
 
 
