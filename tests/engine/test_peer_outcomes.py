@@ -614,3 +614,71 @@ def test_a_stale_notice_takes_the_link_it_speaks_of_down_and_asks_for_a_re_dial(
     out = rig.send(0, pack_header(NOTIFY_STALE, 0, 0, arg=1 | 1 << 8))
     assert ("link_down", 1, "socket_error") in events(out)
     assert any(isinstance(o, Redial) for o in out) and rig.peer.links[1] is None
+
+
+# ---------------------------------------------------------------- a full stash and the frame it waits for
+def _relayed_data(seq: int, offset: int, payload: bytes, nbytes: int, msg: int = 1) -> memoryview:
+    return memoryview(pack_header(DATA, seq, 0, msg=msg, offset=offset, length=len(payload), sig=0, arg=nbytes)
+                      + payload)
+
+
+def _resets_sent(rig) -> int:
+    from linkescape.protocol.frames import RELAY_RESET
+
+    return len([h for h in rig.frames_at_remote(0) if h.kind == RELAY_RESET])
+
+
+def test_the_next_frame_is_placed_when_the_stash_is_full_of_the_ones_after_it():
+    """Relayed frames arrive whole and out of order after a loss (2 and 3 before the resent 1) until
+    the stash is at its bound. The frame they all wait for is placed, not turned away for lack of
+    room: before, it was dropped and asked for again each time it came, and the pair stalled for as
+    long as it had no direct path (a chaos cross held 7 s)."""
+    r = Rig(max_stash_frames=2)
+    try:
+        m, buf = _post_first_collective_recv(r, nbytes=8)
+        r.peer.on_relayed(_relayed_data(2, 4, b"efgh", 8))  # the second half of message 1
+        r.peer.on_relayed(_relayed_data(3, 0, b"ijkl", 4, msg=2))  # the next collective's: not posted
+        assert sorted(r.peer.receiver.stash) == [2, 3]
+        r.frames_at_remote(0)
+        out = r.peer.on_relayed(_relayed_data(1, 0, b"abcd", 8))
+        assert [o for o in out if isinstance(o, RecvDone)] == [RecvDone(m)] and bytes(buf) == b"abcdefgh"
+        assert sorted(r.peer.receiver.stash) == [3] and r.peer.inbound.expected == 3
+        assert _resets_sent(r) == 0  # nothing was lost
+    finally:
+        r.close()
+
+
+def test_a_full_stash_makes_room_for_an_earlier_frame_and_asks_for_the_later_ones_again():
+    """The next frame's receive is not posted yet and the stash is full of frames after it: it takes
+    the room of the highest, which the sender is asked to send again (RELAY_RESET); once the receive
+    is posted, everything is placed in order. Before, the next frame was dropped each time it came,
+    and the stash, full of frames that need it first, never emptied."""
+    r = Rig(max_stash_frames=2)
+    try:
+        r.peer.on_relayed(_relayed_data(2, 4, b"efgh", 12))
+        r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", 12))
+        r.frames_at_remote(0)
+        r.peer.on_relayed(_relayed_data(1, 0, b"abcd", 12))
+        assert sorted(r.peer.receiver.stash) == [1, 2] and r.peer.receiver.stash_bytes == 8
+        assert _resets_sent(r) == 1  # frame 3 goes again
+        m, buf = _post_first_collective_recv(r, nbytes=12)
+        r.peer.resume()
+        assert r.peer.inbound.expected == 3 and not r.peer.receiver.stash
+        out = r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", 12))  # sent again
+        assert [o for o in out if isinstance(o, RecvDone)] == [RecvDone(m)] and bytes(buf) == b"abcdefghijkl"
+    finally:
+        r.close()
+
+
+def test_a_frame_that_fits_only_by_dropping_earlier_ones_is_dropped_itself():
+    """Only later frames make room: a frame after everything the stash holds is dropped (and asked
+    for again), the stash unchanged."""
+    r = Rig(max_stash_frames=2)
+    try:
+        r.peer.on_relayed(_relayed_data(2, 4, b"efgh", 16))
+        r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", 16))
+        r.frames_at_remote(0)
+        r.peer.on_relayed(_relayed_data(4, 12, b"mnop", 16))
+        assert sorted(r.peer.receiver.stash) == [2, 3] and _resets_sent(r) == 1
+    finally:
+        r.close()

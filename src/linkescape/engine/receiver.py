@@ -295,7 +295,9 @@ class Receiver:
             peer.inbound.ack_sent = 0
             peer.sender.ack_urgent = True
             return
-        if hdr.seq == peer.inbound.expected and not self._stash_seqs:
+        if hdr.seq == peer.inbound.expected:
+            # the next one is placed whatever the stash holds (later frames only: this one is not
+            # there): it is what they wait for, and a full stash must never keep it out
             cur = self.cur_in
             if cur is None:
                 cur = self._match(hdr)
@@ -306,10 +308,14 @@ class Receiver:
             if cur is not None:
                 self._place(hdr, cur, payload)
                 peer.resume_wanted = True
+                if self._stash_seqs:
+                    self.apply_stash()
                 return
-        if not self._stash(hdr, memoryview(bytes(payload)) if keep else payload):
-            peer.lost_relayed()  # no room: the sender must send it again
-            return
+        kept = self._stash(hdr, memoryview(bytes(payload)) if keep else payload, evict=True)
+        if kept is not True:
+            peer.lost_relayed()  # no room, or later frames made room for it: the sender must send again
+            if not kept:
+                return
         self.apply_stash()
 
     def bind(self, link: Link) -> bool:
@@ -504,15 +510,48 @@ class Receiver:
                 return True
         return False
 
-    def _stash(self, hdr: Header, payload: memoryview) -> bool:
+    def _stash(self, hdr: Header, payload: memoryview, evict: bool = False):
+        """Keep a frame until it can be placed: True; False when there is no room. ``evict``: a
+        frame that arrived whole (relayed, or read whole to check its MAC) may take the room of
+        later frames, which are dropped for the sender to send again ("evicted", true-ish: the
+        caller asks for that). Without it, a stash full of frames that wait for this one would
+        turn it away each time it came, for as long as the pair had no other path: the lowest
+        frames are the ones the stash keeps."""
         if hdr.seq < self.peer.inbound.expected or hdr.seq in self.stash:
             return True
+        evicted = False
         if not self._stash_room(hdr.length):
-            return False
+            if not evict or not self._evict_above(hdr.seq, hdr.length):
+                return False
+            evicted = "evicted"
         self.stash[hdr.seq] = Stashed(hdr, payload)
         heapq.heappush(self._stash_seqs, hdr.seq)
         self.stash_bytes += hdr.length
         self.peer.env.soon(0.0)  # the timers keep a close eye on a peer with frames stashed
+        return evicted or True
+
+    def _evict_above(self, seq: int, nbytes: int) -> bool:
+        """Drop stashed frames above ``seq``, highest first, until one of ``nbytes`` fits; nothing
+        is dropped (False) when even all of them would not make room. Rare (a stash at its
+        bound): linear in what it holds."""
+        limits = self.peer.env.config
+        later = sorted((s for s in self.stash if s > seq), reverse=True)
+        free_bytes = limits.max_stash_bytes - self.stash_bytes
+        free_frames = limits.max_stash_frames - len(self.stash)
+        drop = []
+        for s in later:
+            if free_bytes >= nbytes and free_frames >= 1:
+                break
+            drop.append(s)
+            free_bytes += self.stash[s].hdr.length
+            free_frames += 1
+        if free_bytes < nbytes or free_frames < 1:
+            return False
+        for s in drop:
+            self.stash_bytes -= self.stash.pop(s).hdr.length
+        gone = set(drop)
+        self._stash_seqs[:] = [s for s in self._stash_seqs if s not in gone]  # (in place: one list)
+        heapq.heapify(self._stash_seqs)
         return True
 
     def _applied(self, hdr: Header, m, payload: memoryview, link: Optional[Link] = None) -> None:
