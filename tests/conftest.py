@@ -47,3 +47,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
     items.sort(key=lambda item: next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)),
                                      len(LONG_FIRST)))
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pytest_runtest_protocol(item, nextitem):
+    """``LINKESCAPE_TEST_CPU=FILE``: one JSON line per test with its wall time and the CPU seconds it
+    and the processes it waited for used (to see where `make test`'s time goes); off otherwise."""
+    import os
+
+    path = os.environ.get("LINKESCAPE_TEST_CPU")
+    if not path:
+        return None
+    import json
+    import time
+
+    from _pytest.runner import runtestprotocol
+
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    t0, c0 = time.monotonic(), _cpu_now()
+    runtestprotocol(item, nextitem=nextitem)
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "wall": time.monotonic() - t0, "cpu": _cpu_now() - c0}) + "\n")
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
