@@ -32,9 +32,12 @@ venv: $(STAMP)
 
 # The tests in parallel (pytest-xdist), then those marked serial alone (timing-judged: stalls,
 # detection, rates; or loading every core). Exit status 5 (no test selected) is not a failure.
+# --maxschedchunk 1: workers get tests two at a time; by default each got a quarter of its share
+# up front, one after the other in collection order, so the first worker got every long test
+# (tests/conftest.py puts them first) and ran them alone for the last three minutes.
 test: apt $(STAMP)
 	@rc=0; \
-	$(BIN)/python -m pytest -n $(JOBS) -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	exit $$rc
 

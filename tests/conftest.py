@@ -26,8 +26,9 @@ SERIAL = (
 )
 
 
-#: The longest of the others (1-5 minutes each): handed out first, so that the
-#: parallel run does not end with one worker still on one of them.
+#: The longest of the others (15 s to 4 minutes each): handed out first, two at a time (the
+#: Makefile's --maxschedchunk 1), so that the parallel run does not end with one worker still on
+#: one of them.
 LONG_FIRST = (
     "tests/engine/test_resources_integ.py::test_fresh_4mib_buffers",
     "tests/demo/",
@@ -36,6 +37,13 @@ LONG_FIRST = (
     "tests/engine/test_resources_integ.py",
     "tests/bench/test_memory.py",
     "tests/faults/test_tool_floors.py",
+    "tests/torch/test_torch_elastic.py",
+    "tests/testbed/test_metrics_testbed.py",
+    "tests/torch/test_torch_ddp",
+    "tests/engine/test_protocol_error_integ.py",
+    "tests/testbed/test_relay_testbed.py",
+    "tests/engine/test_isolated_peer_integ.py",
+    "tests/torch/test_torch_collectives.py",
 )
 
 
