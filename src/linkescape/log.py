@@ -164,7 +164,8 @@ def setup_logging(rank: Optional[int] = None, environ: Optional[Mapping[str, str
             if isinstance(fmt, NcclFormatter):
                 fmt.rank = rank
         handler.setLevel(logging.NOTSET)
-        logger.setLevel(level)
+        if logger.level != level:  # (setLevel clears every logger's cache: torch has hundreds)
+            logger.setLevel(level)
         logger.propagate = False
     if bad is not None:
         logger.warning("%s; using WARN", bad)
