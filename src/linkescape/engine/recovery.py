@@ -39,6 +39,13 @@ log = logging.getLogger("linkescape.recovery")
 
 #: dials (and listener probes) in flight at once, at most
 MAX_DIALS = 16
+#: seconds after the start-up barrier before the links start-up left (backups, and other peers'
+#: with connect_at_start=neighbours) are dialed: the ranks that leave the barrier first no longer
+#: take the CPU, for the handshakes of their backups, from those still returning from init on a
+#: host with more ranks than cores (the slowest rank's init at 32 ranks on 2 cores, 7 runs
+#: alternating: median 182 ms at once, 144 ms 0.1 s later; docs/benchmarks.md)
+RELEASE_DELAY = 0.1
+INF = float("inf")
 #: a probe of a peer's listener that has not connected by then found nothing
 PROBE_DEADLINE = 0.5
 #: seconds between two probes of one peer's listeners
@@ -107,9 +114,10 @@ class Recovery:
         #: links of emulated cuts, closed when their rail returns
         self.severed: List[Link] = []
         self.closed = False
-        #: False until every rank's start-up is done (``release``): links are accepted meanwhile, but
-        #: none is dialed, so that ranks done first do not take the CPU from those still starting
-        self.dials_open = True
+        #: when dials may start: INF until every rank's start-up is done (``release``), then
+        #: RELEASE_DELAY later; links are accepted meanwhile, but none is dialed, so that ranks done
+        #: first do not take the CPU from those still starting (or still returning from init)
+        self.dials_from = 0.0
         #: returns from this thread's poll (the idle-cost tests count them)
         self.wakeups = 0
         self.monitor = None
@@ -134,11 +142,11 @@ class Recovery:
 
     def hold_dials(self) -> None:
         """(before ``start``) Dial nothing until ``release``."""
-        self.dials_open = False
+        self.dials_from = INF
 
     def release(self) -> None:
-        """Every rank's start-up is done: dial the links still to open."""
-        self.dials_open = True
+        """Every rank's start-up is done: dial the links still to open, RELEASE_DELAY from now."""
+        self.dials_from = self.clock.now() + RELEASE_DELAY
         self.wake()
 
     # ------------------------------------------------------------ carrier (engine thread, lock held)
@@ -227,9 +235,12 @@ class Recovery:
         (only those are looked at), a dial's or probe's deadline, a wanted
         probe; None when nothing is."""
         due = None
-        for peer, rail, next_probe, _first in (self.engine.down_links() if self.dials_open else ()):
-            if rail not in self.local_down and (peer, rail) not in self.dialing:
-                due = next_probe if due is None else min(due, next_probe)
+        if self.dials_from <= now:
+            for peer, rail, next_probe, _first in self.engine.down_links():
+                if rail not in self.local_down and (peer, rail) not in self.dialing:
+                    due = next_probe if due is None else min(due, next_probe)
+        elif self.dials_from < INF:
+            due = self.dials_from  # released: the dials start then
         for _key, dial in self._dials.values():
             due = dial.due if due is None else min(due, dial.due)
         for probe in self._probes.values():
@@ -244,7 +255,7 @@ class Recovery:
 
     # ------------------------------------------------------------ re-dialing
     def _start_dials(self, now: float) -> None:
-        if self.engine.closed or not self.dials_open:
+        if self.engine.closed or now < self.dials_from:
             return
         # the primary rail's links first: at start-up (backups, and with connect_at_start=neighbours
         # every link but the neighbours') traffic goes on the primary as soon as it can
