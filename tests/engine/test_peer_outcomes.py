@@ -648,16 +648,23 @@ def test_the_next_frame_is_placed_when_the_stash_is_full_of_the_ones_after_it():
         r.close()
 
 
+def _stash_full_of_2_and_3(nbytes: int) -> Rig:
+    """A peer whose stash (2 frames at most) holds relayed frames 2 and 3 of a message of ``nbytes``
+    whose receive is not posted; what went to the peer so far read away."""
+    r = Rig(max_stash_frames=2)
+    r.peer.on_relayed(_relayed_data(2, 4, b"efgh", nbytes))
+    r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", nbytes))
+    r.frames_at_remote(0)
+    return r
+
+
 def test_a_full_stash_makes_room_for_an_earlier_frame_and_asks_for_the_later_ones_again():
     """The next frame's receive is not posted yet and the stash is full of frames after it: it takes
     the room of the highest, which the sender is asked to send again (RELAY_RESET); once the receive
     is posted, everything is placed in order. Before, the next frame was dropped each time it came,
     and the stash, full of frames that need it first, never emptied."""
-    r = Rig(max_stash_frames=2)
+    r = _stash_full_of_2_and_3(nbytes=12)
     try:
-        r.peer.on_relayed(_relayed_data(2, 4, b"efgh", 12))
-        r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", 12))
-        r.frames_at_remote(0)
         r.peer.on_relayed(_relayed_data(1, 0, b"abcd", 12))
         assert sorted(r.peer.receiver.stash) == [1, 2] and r.peer.receiver.stash_bytes == 8
         assert _resets_sent(r) == 1  # frame 3 goes again
@@ -673,11 +680,8 @@ def test_a_full_stash_makes_room_for_an_earlier_frame_and_asks_for_the_later_one
 def test_a_frame_that_fits_only_by_dropping_earlier_ones_is_dropped_itself():
     """Only later frames make room: a frame after everything the stash holds is dropped (and asked
     for again), the stash unchanged."""
-    r = Rig(max_stash_frames=2)
+    r = _stash_full_of_2_and_3(nbytes=16)
     try:
-        r.peer.on_relayed(_relayed_data(2, 4, b"efgh", 16))
-        r.peer.on_relayed(_relayed_data(3, 8, b"ijkl", 16))
-        r.frames_at_remote(0)
         r.peer.on_relayed(_relayed_data(4, 12, b"mnop", 16))
         assert sorted(r.peer.receiver.stash) == [2, 3] and _resets_sent(r) == 1
     finally:
