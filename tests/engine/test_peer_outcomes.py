@@ -686,3 +686,23 @@ def test_a_frame_that_fits_only_by_dropping_earlier_ones_is_dropped_itself():
         assert sorted(r.peer.receiver.stash) == [2, 3] and _resets_sent(r) == 1
     finally:
         r.close()
+
+
+def test_a_frame_read_into_the_stash_whose_room_a_relayed_one_took_meanwhile_is_asked_for_again():
+    """A frame ahead of a gap is read into the stash from a direct link (room checked when its header
+    came); while its payload is on its way, a relayed frame after it fills the stash. When it is
+    whole it takes that frame's room, and the sender is asked to send again (the frame it pushed
+    out). Before, the frame that found no room at its end was dropped unseen, and nobody asked."""
+    r = Rig(max_stash_frames=1)
+    try:
+        frame2 = pack_header(DATA, 2, 0, msg=1, offset=4, length=4096, sig=0, arg=8192) + bytes(4096)
+        r.send(0, frame2[:1000])  # ahead of frame 1, whose receive is not posted: parks, then...
+        r.after(10)  # ... read on into the stash
+        assert r.links[0].binding is not None and not r.links[0].parked
+        r.peer.on_relayed(_relayed_data(3, 4100, b"wxyz", 8192))  # a relayed later frame fills the stash
+        assert sorted(r.peer.receiver.stash) == [3]
+        r.frames_at_remote(0)
+        r.send(0, frame2[1000:])
+        assert sorted(r.peer.receiver.stash) == [2] and _resets_sent(r) == 1
+    finally:
+        r.close()

@@ -61,6 +61,8 @@ class Unexpected:
 STASH_AFTER = 0.005
 _STASH = object()  # the binding of a frame read into the stash
 _RELAY = object()  # the binding of a RELAY frame (the whole inner frame is read)
+#: what ``Receiver._stash`` did with a frame (0: no room, dropped)
+KEPT, EVICTED = 1, 2
 
 
 class Stashed:
@@ -312,7 +314,7 @@ class Receiver:
                     self.apply_stash()
                 return
         kept = self._stash(hdr, memoryview(bytes(payload)) if keep else payload, evict=True)
-        if kept is not True:
+        if kept is not KEPT:
             peer.lost_relayed()  # no room, or later frames made room for it: the sender must send again
             if not kept:
                 return
@@ -485,7 +487,11 @@ class Receiver:
                 peer.report(Forward(hdr.arg, frame))
             return
         if m is _STASH:
-            self._stash(hdr, link.sink)
+            if self._stash(hdr, link.sink, evict=True) is not KEPT:
+                # its room, free when its header was read, went to another frame meanwhile (a
+                # relayed one, another link's): it took a later frame's, or was dropped; either
+                # way the sender must send again
+                peer.lost_relayed()
             link.reset_read()
             self.apply_stash()
             return
@@ -510,25 +516,24 @@ class Receiver:
                 return True
         return False
 
-    def _stash(self, hdr: Header, payload: memoryview, evict: bool = False):
-        """Keep a frame until it can be placed: True; False when there is no room. ``evict``: a
-        frame that arrived whole (relayed, or read whole to check its MAC) may take the room of
-        later frames, which are dropped for the sender to send again ("evicted", true-ish: the
-        caller asks for that). Without it, a stash full of frames that wait for this one would
-        turn it away each time it came, for as long as the pair had no other path: the lowest
-        frames are the ones the stash keeps."""
+    def _stash(self, hdr: Header, payload: memoryview, evict: bool = False) -> int:
+        """Keep a frame until it can be placed: KEPT, or EVICTED when later frames were dropped
+        to make room (the sender must send them again: the caller asks for that), or 0 (false)
+        when there is no room. ``evict``: a frame may take the room of later frames. Without it,
+        a stash full of frames that wait for this one would turn it away each time it came, for
+        as long as the pair had no other path: the lowest frames are the ones the stash keeps."""
         if hdr.seq < self.peer.inbound.expected or hdr.seq in self.stash:
-            return True
-        evicted = False
+            return KEPT
+        kept = KEPT
         if not self._stash_room(hdr.length):
             if not evict or not self._evict_above(hdr.seq, hdr.length):
-                return False
-            evicted = "evicted"
+                return 0
+            kept = EVICTED
         self.stash[hdr.seq] = Stashed(hdr, payload)
         heapq.heappush(self._stash_seqs, hdr.seq)
         self.stash_bytes += hdr.length
         self.peer.env.soon(0.0)  # the timers keep a close eye on a peer with frames stashed
-        return evicted or True
+        return kept
 
     def _evict_above(self, seq: int, nbytes: int) -> bool:
         """Drop stashed frames above ``seq``, highest first, until one of ``nbytes`` fits; nothing

@@ -42,8 +42,8 @@ MAX_DIALS = 16
 #: seconds after the start-up barrier before the links start-up left (backups, and other peers'
 #: with connect_at_start=neighbours) are dialed: the ranks that leave the barrier first no longer
 #: take the CPU, for the handshakes of their backups, from those still returning from init on a
-#: host with more ranks than cores (the slowest rank's init at 32 ranks on 2 cores, 7 runs
-#: alternating: median 182 ms at once, 144 ms 0.1 s later; docs/benchmarks.md)
+#: host with more ranks than cores (the slowest rank's init at 32 ranks on 2 cores, 11 runs each
+#: alternating: median 182 ms at once, 160 ms 0.1 s later; docs/benchmarks.md)
 RELEASE_DELAY = 0.1
 INF = float("inf")
 #: a probe of a peer's listener that has not connected by then found nothing
