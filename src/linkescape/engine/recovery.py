@@ -34,6 +34,7 @@ from ..errors import HandshakeError
 from ..protocol.linkstate import Ev
 from ..transport import tcp
 from .link import Link
+from .peer import INF
 
 log = logging.getLogger("linkescape.recovery")
 
@@ -45,7 +46,6 @@ MAX_DIALS = 16
 #: host with more ranks than cores (the slowest rank's init at 32 ranks on 2 cores, 11 runs each
 #: alternating: median 182 ms at once, 160 ms 0.1 s later; docs/benchmarks.md)
 RELEASE_DELAY = 0.1
-INF = float("inf")
 #: a probe of a peer's listener that has not connected by then found nothing
 PROBE_DEADLINE = 0.5
 #: seconds between two probes of one peer's listeners
