@@ -88,6 +88,45 @@ def test_failback_stalls_are_judged_and_quiet_ones_are_the_baseline():
     assert res["baseline_longest"]["k"] == 3 and res["baseline_over_100ms"] == 2
 
 
+def test_a_step_is_judged_from_the_last_call_it_waits_for():
+    # rank 1 checks a big result for 250 ms before it calls step 1; rank 0 waits in it for rank 1
+    # (an all_reduce), rank 2 for nobody it needs (a scatter rooted at 2, received by 0 and 1)
+    def rec(k, t0, dur, waits, ops=(("all_reduce", "int32", 64),)):
+        return {**_step(k, t0, dur, ops=ops), "waits": waits}
+
+    scatter = (("scatter", "float64", 32),)
+    steps = {0: [rec(1, 40.0, 0.252, [1, 2]), rec(2, 40.3, 0.202, [2], scatter)],
+             1: [rec(1, 40.25, 0.002, [0, 2]), rec(2, 40.5, 0.002, [2], scatter)],
+             2: [rec(1, 40.0, 0.252, [0, 1]), rec(2, 40.3, 0.202, [0, 1], scatter)]}
+    quiet = [rec(100 + i, 30.0 + 0.01 * i, 0.002, [1, 2]) for i in range(20)]
+    quiet_scatter = [rec(200 + i, 31.0 + 0.01 * i, 0.002, [2], scatter) for i in range(20)]
+    steps[0] = steps[0] + quiet + quiet_scatter
+    res = analysis.stalls(steps, [], [], scripted([], hosts=3, rails=2, duration=60), world=3, rate_bps=RATE,
+                          silent=SILENT, heartbeat=HB, t_end=T0 + 60)
+    # step 1: ranks 0 and 2 waited 250 ms for rank 1's call; step 2: rank 2 (the root) waited 200 ms for
+    # rank 1's, while rank 0 waited for the root only, which called in time: its 200 ms are its own
+    assert {(r["rank"], r["k"]) for r in res["top"] if r["stall"] > 0.005} == {(0, 2)}
+    assert res["top"][0]["stall"] == pytest.approx(0.2, abs=0.005)
+    row = res["top"][1]  # (the stalls tie at 0 after it: in the order judged, rank 0's step 1 first)
+    assert (row["rank"], row["k"]) == (0, 1) and row["start"] == pytest.approx(T0 + 40.25)
+    assert row["waited"] == pytest.approx(0.25) and row["duration"] == pytest.approx(0.252)
+
+
+def test_a_record_without_waits_and_a_run_of_parts_keep_their_own_calls():
+    def rec(k, t0, waits):
+        return {**_step(k, t0, 0.3), "waits": waits}
+
+    # part 2 starts at step 0 again: its step 1 is not part 1's
+    steps = {0: [rec(0, 10.0, [1]), rec(1, 10.5, [1]), rec(0, 50.0, [1]), rec(1, 50.5, [1]), _step(2, 51.0, 0.3)],
+             1: [rec(0, 10.0, [0]), rec(1, 10.75, [0]), rec(0, 50.0, [0]), rec(1, 50.6, [0]), _step(2, 51.2, 0.1)]}
+    got = analysis.with_starts(steps)
+    assert [r["start"] for r in got[0]] == pytest.approx([T0 + 10.0, T0 + 10.75, T0 + 50.0, T0 + 50.6, T0 + 51.0])
+    assert got[0][0] is not steps[0][0] and "start" not in steps[0][0]  # the caller's records stay as they were
+    # never later than its own end
+    late = {0: [rec(0, 10.0, [1])], 1: [rec(0, 12.0, [0])]}
+    assert analysis.with_starts(late)[0][0]["start"] == pytest.approx(T0 + 10.3)
+
+
 def test_normal_time_comes_from_quiet_steps_of_the_same_class_or_the_wire():
     big = ("all_reduce", "float32", 4 << 20)
     wire = analysis.wire_bytes("all_reduce", 4 << 20, 2) * 8 / RATE

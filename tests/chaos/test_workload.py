@@ -39,6 +39,19 @@ def test_references_are_exact_in_every_dtype(dtype):
     assert np.array_equal(mx, np.max([value(9, 5, op, q, (4096,)).astype(np.float64) for q in range(world)], axis=0))
 
 
+def test_a_step_waits_for_every_rank_or_its_root_or_its_sender():
+    Step = workload.Step
+    assert workload.waits_for(Step(1, "op", (Op("all_reduce", "int32", 4),)), 2, 4) == [0, 1, 3]
+    assert workload.waits_for(Step(1, "barrier", (Op("barrier", "uint8", 1),)), 0, 3) == [1, 2]
+    scatter = Step(1, "op", (Op("scatter", "float64", 1, root=3),))
+    assert workload.waits_for(scatter, 0, 4) == [3]  # a receiver needs the root's data
+    assert workload.waits_for(scatter, 3, 4) == [0, 1, 2]  # the root, every receiver's ack
+    assert workload.waits_for(Step(1, "ring", (Op("ring", "int8", 9, peer_shift=3),)), 1, 4) == [2]
+    burst = Step(1, "burst", (Op("gather", "int8", 2, root=1), Op("broadcast", "int8", 2, root=2)))
+    assert workload.waits_for(burst, 0, 4) == [1, 2]
+    assert workload.waits_for(burst, 1, 4) == [0, 2, 3]
+
+
 def test_check_finds_one_wrong_element_and_a_wrong_shape():
     op = Op("all_gather", "float32", 100)
     good = expected(2, 1, op, 1, 3).copy()

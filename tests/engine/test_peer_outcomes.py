@@ -478,6 +478,28 @@ def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link
     assert len(got) == 1 and got[0].src == 2 and bytes(got[0].frame) == inner
 
 
+def test_a_frame_ahead_of_its_receive_parks_the_link_without_a_poll_change_until_more_bytes_come(rig):
+    """A peer one collective ahead: its frame came whole and nothing follows it until we post the
+    receive. Parking leaves the poll's read interest alone (turning it off and on again was two
+    system calls per link and collective); only when the poll finds more bytes is it turned off,
+    so a parked link never keeps a poll busy."""
+    link, io = rig.links[0], rig.io
+    ahead = pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz"
+    rig.send(0, ahead)
+    assert link.parked and io.masks[link.fd] & POLLIN
+    assert link.fd not in dict(io.poller.poll(0))  # (nothing more there: no poll finds it)
+    # the next collective's frame comes too: the poll finds it, and stops looking
+    rig.remote[0].sendall(pack_header(DATA, 2, 0, msg=2, offset=0, length=4, sig=0, arg=4) + b"abcd")
+    assert dict(io.poller.poll(0.5)).get(link.fd, 0) & POLLIN
+    rig.peer.on_event(link, POLLIN)
+    assert link.parked and not io.masks[link.fd] & POLLIN
+    assert link.fd not in dict(io.poller.poll(0))
+    # the receive is posted: the frame is placed and reading goes on
+    m, buf = _post_first_collective_recv(rig)
+    assert [o for o in rig.peer.resume() if isinstance(o, RecvDone)] == [RecvDone(m)]
+    assert bytes(buf) == b"wxyz" and io.masks[link.fd] & POLLIN
+
+
 def test_a_frame_for_a_posted_receive_reports_recv_done(rig):
     m, buf = _post_first_collective_recv(rig)
     out = rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")

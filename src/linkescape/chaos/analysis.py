@@ -8,9 +8,17 @@ Definitions (the report repeats them):
   class (step kind, operations, size within a factor of 2) -- steps with no
   fault within 0.5 s and no repair in the 3 s before them -- or the time its
   bytes take on one rail at the line rate, whichever is longer.
-* **stall** of a step: its duration minus its normal time: how long it was
-  outstanding beyond normal. The *longest stall* is the largest over every
-  rank and step.
+* **start** of a step on a rank: its first call, or the latest first call of
+  the ranks it cannot complete without (``waits`` in the step's record: every
+  rank for a symmetric collective, the root for the others of a rooted one, the
+  sender in a ring), whichever is later (and no later than its end). Until then
+  the rank waits for a rank that is still busy with its own work (checking a
+  4 MB result took one rank 270 ms on 2 shared cores while the others waited
+  in the next step), not for the library: a late rank's own step shows any stall
+  of the library that made it late.
+* **stall** of a step: its end minus its start, minus its normal time: how long
+  it was outstanding beyond normal. The *longest stall* is the largest over
+  every rank and step.
 * **bounds** (issue 7), per step, from the cluster's path state while it ran
   (computed from the faults as really applied, see
   :func:`~linkescape.faults.schedule.path_timeline`):
@@ -141,7 +149,7 @@ def normal_times(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Se
     by_class: Dict[Tuple, List[float]] = {}
     for recs in steps.values():
         for rec in recs:
-            t0, t1 = rec["t0"], rec["t1"]
+            t0, t1 = rec.get("start", rec["t0"]), rec["t1"]
             if spans.overlaps(t0 - 0.5, t1 + 0.5) or spans.ends_within(t0 - QUIET_BEFORE_REPAIR, t1):
                 continue
             by_class.setdefault(_class(rec), []).append(t1 - t0)
@@ -160,11 +168,35 @@ def fault_onsets(runner_log: Sequence[Mapping[str, Any]]) -> List[Tuple[float, s
                   if r["action"] == "apply" and r.get("ts") is not None and not r.get("error"))
 
 
+def with_starts(steps: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[int, List[Dict[str, Any]]]:
+    """The steps, each with its ``start`` (see the module doc): the latest first call among the
+    rank's own and those of the ranks in its ``waits`` (a record without ``waits``: its own)."""
+    def parts(recs):  # (part, record): a run of several parts starts each with step 0 again
+        part, last = 0, -1
+        for rec in recs:
+            if rec["k"] <= last:
+                part += 1
+            last = rec["k"]
+            yield part, rec
+
+    called: Dict[Tuple[int, int, int], float] = {(part, rank, rec["k"]): rec["t0"] for rank, recs in steps.items()
+                                                 for part, rec in parts(recs)}
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for rank, recs in steps.items():
+        mine = out[rank] = []
+        for part, rec in parts(recs):
+            k, t0 = rec["k"], rec["t0"]
+            start = max([t0] + [called[(part, w, k)] for w in rec.get("waits") or () if (part, w, k) in called])
+            mine.append({**rec, "start": min(start, rec["t1"])})
+    return out
+
+
 def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence[Interval],
            runner_log: Sequence[Mapping[str, Any]], schedule: Schedule, *, world: int, rate_bps: float,
            silent: float, heartbeat: float, t_end: float, tcp: Sequence[Sequence[Any]] = (),
            events: Optional[Mapping[int, Sequence[Mapping[str, Any]]]] = None) -> Dict[str, Any]:
     """Every step's stall, its condition and bound; the longest stall and every violation."""
+    steps = with_starts(steps)
     normals = normal_times(steps, intervals, world, rate_bps)
     timeline = [p for p in path_timeline(intervals, schedule.hosts, schedule.rails, t_end=t_end, relay=True,
                                          settle=RELAY_SETTLE) if p[2] != "clean"]
@@ -318,12 +350,14 @@ class _Context:
 
 
 def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rate_bps) -> Dict[str, Any]:
-    t0, t1 = rec["t0"], rec["t1"]
+    # (from the step's start: the last call it waits for; its bound and faults from then on too)
+    called, t0, t1 = rec["t0"], rec.get("start", rec["t0"]), rec["t1"]
     normal = normal_of(rec, normals, world, rate_bps)
     stall = max(0.0, (t1 - t0) - normal)
     row: Dict[str, Any] = {"rank": rank, "k": rec["k"], "kind": rec["kind"], "ops": [o for o, _, _ in rec["ops"]],
-                           "bytes": sum(b for _, _, b in rec["ops"]), "t0": t0, "t1": t1,
-                           "duration": t1 - t0, "normal": normal, "stall": stall, "measured": stall}
+                           "bytes": sum(b for _, _, b in rec["ops"]), "t0": called, "start": t0, "t1": t1,
+                           "waited": t0 - called, "duration": t1 - called, "normal": normal, "stall": stall,
+                           "measured": stall}
     det = ctx.detection_in(t0, t1, lead=True)
     lossy = ctx.lossy_undetected(t0, t1)
     if lossy:

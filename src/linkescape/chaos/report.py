@@ -14,9 +14,12 @@ from . import analysis, workload
 DEFINITIONS = {
     "step": "one unit of the workload on one rank (an op, an async burst, a send/recv ring, a barrier), "
             "from its first call to its last completion",
-    "normal": "median duration of quiet steps of the same class (kind, ops, size within 2x; no fault within "
+    "normal": "median time from start to end of quiet steps of the same class (kind, ops, size within 2x; no fault within "
               "0.5 s, no repair in the 3 s before), or its bytes at the line rate on one rail, whichever is longer",
-    "stall": "a step's duration minus its normal time",
+    "start": "a step's first call, or the latest first call of the ranks it cannot complete without (every rank "
+             "for a symmetric collective or a barrier and for a rooted one's root, the root for its other ranks, "
+             "the sender in a ring: 'waits' in ops-R.jsonl), whichever is later, and no later than its end",
+    "stall": "a step's end minus its start, minus its normal time",
     "bound_path_left": "every pair of hosts kept a clean rail: stall <= 100 ms + the detection time of each fault "
                        "that began during the step, + what was left at the step's start of the detection of faults "
                        f"begun before it (cut/flap: {analysis.CUT_DETECT * 1000:.0f} ms; blackhole: silent timeout + "

@@ -7,8 +7,9 @@ checks every result exactly. Writes:
 
 * ``--ops FILE``: one JSON line per step, with one ``os.write`` on an
   ``O_APPEND`` descriptor (nothing is lost if the rank is killed):
-  ``{"k", "kind", "ops": [[op, dtype, bytes], ...], "t0", "t1", "wrong"}``, wall times of
-  the step's first call and of its last completion; a mismatch adds ``"bad"``;
+  ``{"k", "kind", "ops": [[op, dtype, bytes], ...], "t0", "t1", "wrong", "waits"}``, wall
+  times of the step's first call and of its last completion, and the ranks whose calls the
+  step cannot complete without (``workload.waits_for``); a mismatch adds ``"bad"``;
 * stdout: JSON lines for the controller: ``ready``, ``resources`` (at start,
   warmed up, end and after ``close()``), ``progress`` every 0.5 s (steps done,
   elements wrong, the step outstanding and since when), ``mismatch`` for each
@@ -202,7 +203,8 @@ def _run_step(comm, seed: int, step: workload.Step, rank: int, world: int) -> Di
             say(event="mismatch", k=step.k, **bad[-1])
     rec: Dict[str, Any] = {"k": step.k, "kind": step.kind,
                            "ops": [[op.kind, op.dtype, op.nbytes(world)] for op in step.ops],
-                           "t0": round(t0, 6), "t1": round(t1, 6), "wrong": wrong}
+                           "t0": round(t0, 6), "t1": round(t1, 6), "wrong": wrong,
+                           "waits": workload.waits_for(step, rank, world)}
     if bad:
         rec["bad"] = bad
     return rec

@@ -151,10 +151,31 @@ def check(seed: int, k: int, op: Op, rank: int, world: int, got: Optional[np.nda
     return exact.compare(got, expected(seed, k, op, rank, world))
 
 
+#: collectives whose root alone needs every rank (the others need the root: its data, or its ack)
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def waits_for(step: Step, rank: int, world: int) -> List[int]:
+    """The other ranks whose calls ``rank``'s part of ``step`` cannot complete without: every rank
+    for a symmetric collective or a barrier, and for the root of a rooted one; the root for the
+    others of a rooted one; the rank it receives from in a ring. (A lower bound: a broadcast's tree
+    may also wait for ranks between; the stall judge takes a step's start from the last of these.)"""
+    need: set = set()
+    for op in step.ops:
+        if op.kind == "ring":
+            need.add((rank - op.peer_shift) % world)
+        elif op.kind in ROOTED and op.root != rank:
+            need.add(op.root)
+        else:
+            need.update(range(world))
+    need.discard(rank)
+    return sorted(need)
+
+
 def counts_as(op: Op) -> Tuple[str, ...]:
     """The operation names one verified op counts as (a ring step is a send and a recv)."""
     return ("send", "recv") if op.kind == "ring" else (op.kind,)
 
 
-__all__ = ["Op", "Step", "plan_step", "value", "expected", "post", "check", "counts_as", "COLLECTIVES",
+__all__ = ["Op", "Step", "plan_step", "value", "expected", "post", "check", "counts_as", "waits_for", "COLLECTIVES",
            "OPERATIONS", "DTYPES", "MAX_BYTES", "dtype_of", "in_shape"]

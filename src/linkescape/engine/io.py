@@ -91,6 +91,12 @@ class IoSet:
             self.masks[link.fd] = mask
             self.poller.modify(link.fd, mask)
 
+    def want_out(self, link: Link, out: bool) -> None:
+        """Wait for room to write on ``link`` (or stop), its read interest as it is."""
+        mask = self.masks.get(link.fd)
+        if mask is not None:
+            self.want(link, (mask & ~POLLOUT) | (POLLOUT if out else 0))
+
     # ------------------------------------------------------------ other descriptors
     def add_fd(self, fd: int, handler: Callable[[int], None]) -> None:
         self.extra[fd] = handler

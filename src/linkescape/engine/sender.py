@@ -128,10 +128,10 @@ class Sender:
             link.pending_since = now
             link.silent_at = now + env.config.silent_timeout
             env.soon(link.silent_at)
-        want = POLLIN if emptied else POLLIN | POLLOUT
-        if link.parked:
-            want &= ~POLLIN
-        env.io.want(link, want)
+        if link.parked:  # (its read interest stays as it is: see Receiver._park)
+            env.io.want_out(link, not emptied)
+        else:
+            env.io.want(link, POLLIN if emptied else POLLIN | POLLOUT)
 
     def control(self, link: Link, kind: int, arg: int = 0, prefix: bytes = b"") -> None:
         """Queue a control frame (it carries our cumulative ack) and write."""
