@@ -122,6 +122,10 @@ def test_a_record_without_waits_and_a_run_of_parts_keep_their_own_calls():
     got = analysis.with_starts(steps)
     assert [r["start"] for r in got[0]] == pytest.approx([T0 + 10.0, T0 + 10.75, T0 + 50.0, T0 + 50.6, T0 + 51.0])
     assert got[0][0] is not steps[0][0] and "start" not in steps[0][0]  # the caller's records stay as they were
+    # the all_reduce of the stop flag after step 1 is a step of its own, after step 1 and before step 2
+    stop = {0: [rec(1, 10.0, [1]), {**rec(1, 10.4, [1]), "kind": "stop"}, rec(2, 10.6, [1])],
+            1: [rec(1, 10.0, [0]), {**rec(1, 10.5, [0]), "kind": "stop"}, rec(2, 10.6, [0])]}
+    assert [r["start"] for r in analysis.with_starts(stop)[0]] == pytest.approx([T0 + 10.0, T0 + 10.5, T0 + 10.6])
     # never later than its own end
     late = {0: [rec(0, 10.0, [1])], 1: [rec(0, 12.0, [0])]}
     assert analysis.with_starts(late)[0][0]["start"] == pytest.approx(T0 + 10.3)

@@ -49,6 +49,10 @@ def test_a_short_scripted_run_reports_everything(tmp_path):
     for name in ("schedule.json", "faults.jsonl", "run.json", "report.json", "ops-0.jsonl", "events-0.jsonl"):
         assert (run_dir / name).exists(), name
     assert json.loads((tmp_path / "rep.json").read_text())["seed"] == rep["seed"]
+    # every step says whom it waits for; the stop flag's all_reduce after every 4th step is a step too
+    recs = [json.loads(line) for line in (run_dir / "ops-0.jsonl").read_text().splitlines()]
+    assert all(r["waits"] for r in recs) and any(r["kind"] == "stop" for r in recs)
+    assert rep["operations"]["steps_per_rank"][0] == sum(1 for r in recs if r["kind"] != "stop")
     assert "faults by kind" in text and ("PASS" in text or "FAIL" in text)
 
 

@@ -3,7 +3,8 @@
 Definitions (the report repeats them):
 
 * **step**: one unit of the workload on one rank (one op, a burst, a ring, a
-  barrier), from its first call (``t0``) to its last completion (``t1``).
+  barrier, or the all_reduce of the stop flag after every 4th step), from its
+  first call (``t0``) to its last completion (``t1``).
 * **normal time** of a step: the median duration of *quiet* steps of the same
   class (step kind, operations, size within a factor of 2) -- steps with no
   fault within 0.5 s and no repair in the 3 s before them -- or the time its
@@ -171,22 +172,23 @@ def fault_onsets(runner_log: Sequence[Mapping[str, Any]]) -> List[Tuple[float, s
 def with_starts(steps: Mapping[int, Sequence[Mapping[str, Any]]]) -> Dict[int, List[Dict[str, Any]]]:
     """The steps, each with its ``start`` (see the module doc): the latest first call among the
     rank's own and those of the ranks in its ``waits`` (a record without ``waits``: its own)."""
-    def parts(recs):  # (part, record): a run of several parts starts each with step 0 again
+    def parts(recs):  # (part, where, record): a run of several parts starts each with step 0 again
         part, last = 0, -1
         for rec in recs:
-            if rec["k"] <= last:
+            where = 2 * rec["k"] + (rec["kind"] == "stop")  # (the stop flag's all_reduce follows its step)
+            if where <= last:
                 part += 1
-            last = rec["k"]
-            yield part, rec
+            last = where
+            yield part, where, rec
 
-    called: Dict[Tuple[int, int, int], float] = {(part, rank, rec["k"]): rec["t0"] for rank, recs in steps.items()
-                                                 for part, rec in parts(recs)}
+    called: Dict[Tuple[int, int, int], float] = {(part, rank, where): rec["t0"] for rank, recs in steps.items()
+                                                 for part, where, rec in parts(recs)}
     out: Dict[int, List[Dict[str, Any]]] = {}
     for rank, recs in steps.items():
         mine = out[rank] = []
-        for part, rec in parts(recs):
-            k, t0 = rec["k"], rec["t0"]
-            start = max([t0] + [called[(part, w, k)] for w in rec.get("waits") or () if (part, w, k) in called])
+        for part, where, rec in parts(recs):
+            t0 = rec["t0"]
+            start = max([t0] + [called[(part, w, where)] for w in rec.get("waits") or () if (part, w, where) in called])
             mine.append({**rec, "start": min(start, rec["t1"])})
     return out
 

@@ -12,8 +12,8 @@ from ..faults import Schedule
 from . import analysis, workload
 
 DEFINITIONS = {
-    "step": "one unit of the workload on one rank (an op, an async burst, a send/recv ring, a barrier), "
-            "from its first call to its last completion",
+    "step": "one unit of the workload on one rank (an op, an async burst, a send/recv ring, a barrier, or the "
+            "all_reduce of the stop flag after every 4th step), from its first call to its last completion",
     "normal": "median time from start to end of quiet steps of the same class (kind, ops, size within 2x; no fault within "
               "0.5 s, no repair in the 3 s before), or its bytes at the line rate on one rail, whichever is longer",
     "start": "a step's first call, or the latest first call of the ranks it cannot complete without (every rank "
@@ -200,7 +200,8 @@ def _operations(states: List[Mapping[str, Any]], steps: Mapping[int, List[Dict[s
     if wrong:
         reasons.append(f"{wrong} wrong element(s) in {len(mism)} result(s)")
     return {"operations": {"verified_by_kind": verified, "verified": sum(verified.values()), "per_rank": per_rank,
-                           "steps_per_rank": {r: len(v) for r, v in steps.items()}},
+                           "steps_per_rank": {r: sum(1 for x in v if x.get("kind") != "stop")
+                                              for r, v in steps.items()}},
             "wrong": {"elements": wrong, "results": len(mism), "examples": mism[:20]}}
 
 
@@ -307,6 +308,8 @@ def write_plots(rep: Mapping[str, Any], paths: List[str]) -> None:
 def _count_ops(recs) -> Dict[str, int]:
     out: Dict[str, int] = {}
     for rec in recs:
+        if rec.get("kind") == "stop":
+            continue  # (the stop flag's all_reduce is judged, not counted as a verified operation)
         for name, _, _ in rec.get("ops", []):
             for n in (("send", "recv") if name == "ring" else (name,)):
                 out[n] = out.get(n, 0) + 1
@@ -497,9 +500,9 @@ def _stalls(st: Dict[str, Any], add, t0: float) -> None:
         f"{c} {d['steps']}/{d['violations']}/{_ms(d['longest_stall_s'])}" for c, d in st["by_condition"].items()))
     seen = set()
     for v in st["violations"]:
-        if v["k"] in seen:
+        if (v["k"], v["kind"]) in seen:
             continue  # the same step on the other ranks
-        seen.add(v["k"])
+        seen.add((v["k"], v["kind"]))
         if len(seen) > 10:
             break
         rto = v.get("tcp", {}).get("rto")

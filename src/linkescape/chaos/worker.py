@@ -9,7 +9,9 @@ checks every result exactly. Writes:
   ``O_APPEND`` descriptor (nothing is lost if the rank is killed):
   ``{"k", "kind", "ops": [[op, dtype, bytes], ...], "t0", "t1", "wrong", "waits"}``, wall
   times of the step's first call and of its last completion, and the ranks whose calls the
-  step cannot complete without (``workload.waits_for``); a mismatch adds ``"bad"``;
+  step cannot complete without (``workload.waits_for``); a mismatch adds ``"bad"``. The
+  all_reduce of the stop flag after every 4th step (below) has a record of its own, ``"kind":
+  "stop"`` with that step's ``k``;
 * stdout: JSON lines for the controller: ``ready``, ``resources`` (at start,
   warmed up, end and after ``close()``), ``progress`` every 0.5 s (steps done,
   elements wrong, the step outstanding and since when), ``mismatch`` for each
@@ -144,7 +146,15 @@ def run(args: argparse.Namespace) -> int:
                 say(event="resources", at="warm", **resources())
             if k % STOP_EVERY == STOP_EVERY - 1:
                 flag[0] = 1 if os.path.exists(args.stop_file) else 0
+                t0 = prog.since = time.time()
+                prog.current = k
                 comm.all_reduce(flag)
+                prog.current = prog.since = None
+                # judged like any step (a stall here is the library's too): its own record, kind "stop"
+                jsonl.write(ops_fd, {"k": k, "kind": "stop", "ops": [["all_reduce", "int32", 4]],
+                                     "t0": round(t0, 6), "t1": round(time.time(), 6),
+                                     "wrong": int(not 0 <= flag[0] <= args.world),
+                                     "waits": [q for q in range(args.world) if q != args.rank]}, compact=True)
                 if flag[0] > 0:
                     break
             k += 1
