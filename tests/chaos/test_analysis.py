@@ -231,6 +231,29 @@ def test_the_bounds_are_judged_above_the_runs_own_noise():
     assert res["violation_count"] == 1 and rows[1]["allowance"] == pytest.approx(noise["allowance_s"])
 
 
+def test_warm_up_steps_are_neither_judged_nor_the_baseline():
+    cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 2.0}]
+    many_quiet = [_step(400 + i, 42.0 + 0.01 * i, 0.002) for i in range(100)]
+    # before the plan's offset 0 (ranks starting, the controller setting up): a step of 0.9 s
+    first = _step(0, -1.0, 0.902)
+    sched = scripted(cut, hosts=2, rails=2, duration=60)
+    for warm, baseline_max in (((), 0.9), (((T0 - 3.0, T0),), 0.0)):
+        res = analysis.stalls({0: [first, _step(1, 10.0, 0.30)] + many_quiet + _quiet_steps()},
+                              [(T0 + 10.0, T0 + 12.0, 0, 0, "cut")], [], sched, world=2, rate_bps=RATE,
+                              silent=SILENT, heartbeat=HB, t_end=T0 + 60, warm_up=warm)
+        assert res["noise"]["max_s"] == pytest.approx(baseline_max, abs=0.01)
+        assert res["violation_count"] == 1  # (the cut's step: 300 ms against 100 + 10 ms)
+    assert res["by_condition"]["warm_up"] == {"steps": 1, "violations": 0, "longest_stall_s": pytest.approx(0.9, abs=0.01)}
+
+
+def test_each_parts_warm_up_ends_at_its_plans_offset_0():
+    from linkescape.chaos.report import warm_up
+
+    data = {"parts": [{"t_start": 100.0, "t0": 103.0, "from": 0.0}, {"t_start": 300.0, "t0": 103.0, "from": 200.0},
+                      {"t_start": None, "t0": None}]}
+    assert warm_up(data) == [(100.0, 103.0), (300.0, 303.0)]
+
+
 def test_too_few_baseline_steps_give_no_noise_allowance():
     cut = [{"kind": "cut", "host": 0, "rail": 0, "at": 10.0, "hold": 2.0}]
     res, _ = _run(cut, [_step(1, 10.0, 0.30), _step(2, 40.0, 0.252)])

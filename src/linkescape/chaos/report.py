@@ -43,6 +43,8 @@ DEFINITIONS = {
                  "after warm-up, per part (new processes): RSS's by least squares through each minute's lowest "
                  "sample, fds' and threads' the median slope between every two samples (Theil-Sen); judged flat "
                  "only for parts of 10 min or more",
+    "warm_up": "steps that start before a part's plan begins (its ranks' first steps, beside the controller's "
+               "set-up) are neither judged nor the baseline",
     "noise": "a judged step violates its bound when its stall exceeds the bound + the run's noise allowance: the "
              "1 - 1/N quantile (N judged steps; at least p99, at most the maximum) of the same run's baseline "
              f"stalls (no fault near; counted once {analysis.MIN_BASELINE} baseline steps measure it), what "
@@ -139,7 +141,7 @@ def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     # -- stalls and bounds
     st = analysis.stalls(steps, intervals, log, schedule, world=world, rate_bps=rate_bps,
                          silent=cfg["silent_timeout_ms"] / 1000.0, heartbeat=cfg["heartbeat_ms"] / 1000.0, t_end=t_end,
-                         tcp=data.get("tcp") or (), events=events)
+                         tcp=data.get("tcp") or (), events=events, warm_up=warm_up(data))
     rep["tcp"] = analysis.tcp_between(data.get("tcp") or (), data["t_start"], t_end)
     rep["stalls"] = st
     if st["violation_count"]:
@@ -303,6 +305,15 @@ def write_plots(rep: Mapping[str, Any], paths: List[str]) -> None:
     except Exception as exc:  # noqa: BLE001 - the report is worth more than its picture
         rep["rss_png"] = []
         rep["rss_png_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def warm_up(data: Mapping[str, Any]) -> List[Tuple[float, float]]:
+    """Each part's warm-up: from its start (its ranks ready to run) until its plan's offset 0."""
+    out = []
+    for part in data.get("parts") or ():
+        if part.get("t_start") is not None and part.get("t0") is not None:
+            out.append((part["t_start"], part["t0"] + float(part.get("from") or 0.0)))
+    return out
 
 
 def _count_ops(recs) -> Dict[str, int]:
