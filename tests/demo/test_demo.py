@@ -275,6 +275,12 @@ def _emulated_fault_rank(comm):
         return bool(np.all(buf == sum(r + k for r in range(comm.world_size))))
 
     ok = [reduce_ok(0)]
+    # the backups are dialed right after start-up, off the caller's path: a cut before they are up is
+    # a pair without a path (no_path, then link_up), not a failover (seen under make test's load)
+    deadline = time.monotonic() + 30
+    while not all(link["usable"] for p in comm.snapshot()["peers"].values() for link in p["links"]):
+        assert time.monotonic() < deadline, f"rank {comm.rank}: backups not up after 30 s"
+        time.sleep(0.01)
     comm.barrier()
     if comm.rank == 1:
         apply_fault(comm, "cut", 0)
