@@ -51,14 +51,15 @@ Definitions (the report repeats them):
 
 * **noise**: the *baseline* steps (no fault within 0.5 s, or after a repair
   that the library did nothing about) show what the machine does on its own;
-  on 2 cores with 4 ranks they stall for hundreds of ms by scheduling alone.
+  on 2 cores with 4 ranks they stall for up to ~100 ms by scheduling alone.
   A judged step violates its bound only when its stall exceeds the bound plus
   the run's noise allowance: the ``1 - 1/N`` quantile of the same run's
-  baseline stalls (not those of the *warm-up*: steps that start before a part's
-  plan begins, while the ranks' first steps and the controller's set-up share
-  the cores: a scatter of seed 233 took 0.9 s then) for N judged steps (what scheduling alone reaches about once
+  baseline stalls for N judged steps (what scheduling alone reaches about once
   among them; at least the p99, at most the maximum), once ``MIN_BASELINE``
-  baseline steps measure it. The allowance, the baseline's p50/p99/max, and the
+  baseline steps measure it. The *warm-up* (steps that start before a part's
+  plan begins, while the ranks' first steps share the cores with the
+  controller's set-up: a scatter of seed 233 took 0.9 s then) is neither
+  judged nor baseline. The allowance, the baseline's p50/p99/max, and the
   raw count of steps beyond the bound alone are all in the result.
 """
 

@@ -14,8 +14,9 @@ from . import analysis, workload
 DEFINITIONS = {
     "step": "one unit of the workload on one rank (an op, an async burst, a send/recv ring, a barrier, or the "
             "all_reduce of the stop flag after every 4th step), from its first call to its last completion",
-    "normal": "median time from start to end of quiet steps of the same class (kind, ops, size within 2x; no fault within "
-              "0.5 s, no repair in the 3 s before), or its bytes at the line rate on one rail, whichever is longer",
+    "normal": "median time from start to end of quiet steps of the same class (kind, ops, size within 2x; no "
+              "fault within 0.5 s, no repair in the 3 s before), or its bytes at the line rate on one rail, "
+              "whichever is longer",
     "start": "a step's first call, or the latest first call of the ranks it cannot complete without (every rank "
              "for a symmetric collective or a barrier and for a rooted one's root, the root for its other ranks, "
              "the sender in a ring: 'waits' in ops-R.jsonl), whichever is later, and no later than its end",
