@@ -277,10 +277,11 @@ def _emulated_fault_rank(comm):
     ok = [reduce_ok(0)]
     # the backups are dialed right after start-up, off the caller's path: a cut before they are up is
     # a pair without a path (no_path, then link_up), not a failover (seen under make test's load)
-    deadline = time.monotonic() + 30
-    while not all(link["usable"] for p in comm.snapshot()["peers"].values() for link in p["links"]):
-        assert time.monotonic() < deadline, f"rank {comm.rank}: backups not up after 30 s"
-        time.sleep(0.01)
+    from linkescape.bench.scale import wait_links_up
+
+    wait_links_up(comm, time.perf_counter(), limit=30.0)
+    assert all(link["usable"] for p in comm.snapshot()["peers"].values() for link in p["links"]), \
+        f"rank {comm.rank}: backups not up after 30 s"
     comm.barrier()
     if comm.rank == 1:
         apply_fault(comm, "cut", 0)
