@@ -150,6 +150,7 @@ _ENV = {
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
     "LINKESCAPE_MALLOC_TRIM": ("malloc_trim", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
+    "LINKESCAPE_MALLOC_THRESHOLDS": ("malloc_thresholds", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
     "LINKESCAPE_AUTH_KEY": ("auth_key", lambda v, n: v),
     "LINKESCAPE_AUTH_KEY_FILE": ("auth_key_file", lambda v, n: v),
     "LINKESCAPE_AUTH": ("auth", lambda v, n: v.strip().lower()),
@@ -223,6 +224,8 @@ class Config:
     carrier_watch: bool = True
     #: give the heap's free pages back to the system after each outage (glibc ``malloc_trim``; engine/heap.py)
     malloc_trim: bool = True
+    #: fix glibc's mmap and trim thresholds at start-up, so freed large buffers leave RSS (engine/heap.py)
+    malloc_thresholds: bool = True
     #: the job's shared secret (every rank the same); never printed
     auth_key: Optional[str] = field(default=None, repr=False)
     #: a file holding the key (alternative to ``auth_key``)

@@ -126,3 +126,86 @@ def test_usage_counts_what_is_allocated_and_what_is_freed():
     after = heap.usage()
     assert held["in_use"] - before["in_use"] >= 1_900_000
     assert held["in_use"] - after["in_use"] >= 1_900_000
+
+
+_THRESHOLDS_JOB = r"""
+import sys
+import numpy as np
+from linkescape import Config
+from linkescape.engine import heap
+from linkescape.testing import raise_first, run_ranks
+
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def job(comm):
+    # A job's first large buffer, freed: glibc (left alone) raises its thresholds to its size.
+    big = np.ones(3 << 20, np.float64)  # 24 MiB
+    comm.all_reduce(big)
+    del big
+    keep = []
+    for i in range(10):  # warm-up
+        comm.all_reduce(np.full(1 << 20, i, np.float32))
+    before = rss()
+    for i in range(60):  # fresh 4 MiB and 16 MiB buffers, a small live object between them
+        buf = np.full(1 << 20, i + comm.rank, np.float32)
+        keep.append(np.ones(64))
+        comm.all_reduce(buf)
+        assert buf[0] == 2 * i + 1, buf[0]
+        more = np.full(1 << 22, 1, np.float32)
+        del more, buf
+    comm.barrier()
+    return rss() - before, str(heap._pinned)  # what the engine did: None when told not to
+
+
+on = sys.argv[1] == "1"
+res = raise_first(run_ranks(2, job, rails=("127.0.0.1",), config=Config(malloc_thresholds=on, timeout=30)))
+print(max(r[0] for r in res), res[0][1])
+"""
+
+
+def _thresholds_job(on: bool):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    # a fresh interpreter: glibc's thresholds as a new process has them
+    out = subprocess.run([sys.executable, "-c", _THRESHOLDS_JOB, "1" if on else "0"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, state = out.stdout.split()
+    return int(grown), state
+
+
+def test_fresh_large_buffers_leave_rss_once_the_thresholds_are_pinned():
+    """glibc raises its mmap threshold when a large block is freed (then up to twice that stays at the heap's top):
+    fresh 4 and 16 MiB buffers after a 24 MiB one kept ~20 MB resident. The engine pins the thresholds at start-up;
+    the control (``malloc_thresholds=False``, glibc left alone) shows the test can fail."""
+    grown_off, state_off = _thresholds_job(False)
+    grown_on, state_on = _thresholds_job(True)
+    assert state_on == "pinned" and state_off == "None"
+    assert grown_on < 4e6, (grown_on, grown_off)
+    assert grown_off > 10e6, (grown_on, grown_off)
+
+
+def test_an_operators_glibc_settings_win():
+    calls = []
+    heap._pinned = None
+    try:
+        assert heap.pin_thresholds({"MALLOC_MMAP_THRESHOLD_": "65536"}, mallopt=lambda *a: calls.append(a) or 1) \
+            == "operator"
+        heap._pinned = None
+        assert heap.pin_thresholds({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"},
+                                   mallopt=lambda *a: calls.append(a) or 1) == "operator"
+        assert calls == []
+        heap._pinned = None
+        assert heap.pin_thresholds({}, mallopt=lambda *a: calls.append(a) or 1) == "pinned"
+        assert calls == [(-3, heap.MMAP_THRESHOLD), (-1, heap.TRIM_THRESHOLD)]
+        assert heap.pin_thresholds({}, mallopt=lambda *a: 0) == "pinned"  # once per process
+    finally:
+        heap._pinned = None
+        heap.pin_thresholds()  # this process as the engine leaves it

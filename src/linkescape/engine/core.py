@@ -38,7 +38,7 @@ from .clock import SYSTEM, Clock
 from .beacon import Beacon
 from .completion import OpTable
 from .io import IoSet, Signal
-from .heap import HeapTrimmer
+from .heap import HeapTrimmer, pin_thresholds
 from .link import Link
 from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
@@ -89,6 +89,8 @@ class Engine:
         #: wakes Recovery (a link went down, a peer's NIC came back, a heap trim is wanted)
         self.recovery_signal = Signal()
         self.heap = HeapTrimmer(config.malloc_trim)
+        if config.malloc_thresholds:
+            pin_thresholds()
         self.policy = PathPolicy(primary=0, holddown=config.failback_holddown, stripe=config.policy == "stripe")
         #: our rails without carrier; every frame carries the word (level state)
         self.rail_word = RailWord()
