@@ -88,3 +88,13 @@ def test_a_relay_lost_is_followed_by_the_next_rank_and_its_frames_go_again(tmp_p
     rep, text = _replay("relay_lost_next_rank.json", tmp_path)
     # no step during or after a no-path stretch waited for a search or a resend
     assert _violations(rep, NO_PATH_CONDITIONS) == 0, text
+
+
+def test_a_rail_repaired_just_before_the_last_one_fails_is_dialed_again_at_once(tmp_path):
+    """Host 3's rail 0 black-holed for 2.7 s (its re-dials backed off to half a second), repaired, then
+    its rail 1 cut: no rail left until rail 0 is dialed again. That wait was up to a second (a dial's
+    SYN lost in the black hole, given up at its connect deadline, then the back-off); a stranded peer's
+    re-dials now start at once and are given up and repeated at a fast pace (engine/peer.py)."""
+    rep, text = _replay("stranded_after_repair.json", tmp_path)
+    assert _violations(rep, ("path_left",)) == 0, text
+    assert rep["exit_code"] == 0, text

@@ -728,3 +728,22 @@ def test_a_frame_read_into_the_stash_whose_room_a_relayed_one_took_meanwhile_is_
         assert sorted(r.peer.receiver.stash) == [2] and _resets_sent(r) == 1
     finally:
         r.close()
+
+
+def test_the_last_rail_lost_dials_the_down_ones_again_at_once():
+    """Rail 0 went down long ago (its re-dials backed off); rail 1 goes: no path. This rank re-dials the
+    pair's links (it is the higher rank), and does so now, not when rail 0's back-off ends."""
+    r = Rig(nrails=2)
+    try:
+        r.env.rank = 2  # the higher rank of the pair: it re-dials
+        out = r.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))  # the peer's rail 0 lost carrier
+        assert not any(isinstance(o, NoPath) for o in out) and not r.peer.stranded
+        st = r.peer.status[0]
+        st.backoff, st.next_probe = 0.5, r.clock.now() + 0.9  # a back-off grown during the outage
+        r.clock.advance_ms(300)
+        out = r.send(1, pack_header(HEARTBEAT, 0, 0, rails=(2 << 8) | 3))  # and now its rail 1 (a newer word)
+        assert any(isinstance(o, NoPath) for o in out) and any(isinstance(o, Redial) for o in out)
+        assert r.peer.stranded
+        assert st.next_probe == r.clock.now() and st.backoff == 0.0
+    finally:
+        r.close()

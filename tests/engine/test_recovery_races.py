@@ -42,12 +42,16 @@ class _Engine:
         self.dial_answers = []
         self.wanted = set()
         self.probed = []
+        self.stranded_peers = set()
 
     def down_links(self):
         return [(p, r, nxt, first) for (p, r), (nxt, first) in self.state.items()]
 
     def redial_due(self, peer, rail):
         return self.state.get((peer, rail))
+
+    def stranded(self, peer):
+        return peer in self.stranded_peers
 
     def expected_from(self, peer):
         return 1
@@ -178,6 +182,7 @@ class _ProvedDial:
     def __init__(self, sock, proved=True) -> None:
         self.sock, self.proved, self.established, self.closed = sock, proved, _Hs(), False
         self.due = float("inf")  # (no deadline of its own in these tests)
+        self.connected = True  # (its proof is sent: the TCP connection is up)
 
     def fileno(self):
         return self.sock.fileno()
@@ -287,3 +292,67 @@ def test_a_peer_is_probed_on_every_rail_at_once_or_stays_wanted():
     rec._probes = {-(i + 1): None for i in range(MAX_DIALS - 1)}  # one slot left, the peer has two rails
     rec._start_probes(SYSTEM.now())
     assert eng.wanted == {0} and len(rec._probes) == MAX_DIALS - 1 and not rec._probed
+
+
+class _SilentDial:
+    """A dial whose SYN went into a black hole: never connected, given up past ``connect_by``."""
+
+    def __init__(self, started: float, connect_by: float) -> None:
+        self.started, self.connect_by, self.first = started, connect_by, False
+        self.connected = False
+        self.closed = False
+
+    @property
+    def due(self) -> float:
+        return self.connect_by
+
+    def step(self, now: float) -> bool:
+        if now > self.connect_by:
+            raise socket.timeout("connect timed out")
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_dial_in_flight_is_given_up_soon_once_its_peer_has_no_rail_left():
+    """A dial begun while the peer had another rail waits half a second for its SYN's answer; once the
+    peer has no rail left, a SYN lost in a black hole repaired since must not hold the pair that long."""
+    eng, auth, rec = _recovery()
+    dial = _SilentDial(started=100.0, connect_by=100.5)
+    rec.dialing.add((0, 1))
+    rec._dials[7] = ((0, 1), dial)
+    rec._advance_dials({}, 100.2)
+    assert not eng.failed and not dial.closed  # the peer still has a rail: its dial goes on
+    eng.stranded_peers.add(0)
+    rec._advance_dials({}, 100.2)
+    assert eng.failed == [(0, 1)] and dial.closed and not rec._dials  # given up 0.15 s after it began
+
+
+def test_a_stranded_peers_dials_get_a_short_connect():
+    eng, auth, rec = _recovery()
+    auth.dialer = lambda *a: object()
+    made = []
+
+    class _Dial(_SilentDial):
+        def __init__(self, local, remote, handshake, config, deadline, connect_by=None):
+            super().__init__(0.0, connect_by)
+            self.done = False
+            made.append(self)
+
+        def fileno(self):
+            return 9
+
+    import linkescape.engine.recovery as recovery_mod
+    real = recovery_mod.tcp.Dial
+    recovery_mod.tcp.Dial = _Dial
+    try:
+        eng.state[(0, 1)] = (0.0, False)  # down after having been up: a re-dial
+        rec._start_dials(50.0)
+        eng.stranded_peers.add(0)
+        rec._dials.clear()
+        rec.dialing.clear()
+        rec._start_dials(60.0)
+    finally:
+        recovery_mod.tcp.Dial = real
+    assert made[0].connect_by == 50.5 and made[1].connect_by == 60.15

@@ -44,7 +44,7 @@ from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
                        RecvDone, Redial, Relayed, RelayEnded, RelayReset, Unreachable)
-from .peer import INF, Matcher, PeerChannel, PeerEnv
+from .peer import INF, STRANDED_BACKOFF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
 
@@ -249,7 +249,8 @@ class Engine:
         if st.state is State.DOWN:
             now = self.clock.now()
             st.apply(Ev.PROBE, now)
-            st.apply(Ev.PROBE_FAILED, now, backoff_min=0.05, backoff_max=self.config.reconnect_max)
+            cap = min(self.config.reconnect_max, STRANDED_BACKOFF) if peer.stranded else self.config.reconnect_max
+            st.apply(Ev.PROBE_FAILED, now, backoff_min=0.05, backoff_max=cap)
         self.listener_probed(peer_rank, rail, refused, answered)
 
     def listener_probed(self, peer_rank: int, rail: int, refused: bool, answered: bool = False) -> None:
@@ -278,6 +279,12 @@ class Engine:
         if st.state is not State.DOWN:
             return None
         return st.next_probe, st.never_up
+
+    def stranded(self, peer_rank: int) -> bool:
+        """(any thread, no lock) ``peer_rank`` has no rail and no relay now: its re-dials
+        go at the stranded pace (engine/peer.py, STRANDED_CONNECT)."""
+        peer = self.peers.get(peer_rank)
+        return peer is not None and peer.stranded
 
     def expected_from(self, peer_rank: int) -> int:
         """(any thread) The next seq we expect from the peer (a racy read of an

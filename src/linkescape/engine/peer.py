@@ -57,6 +57,13 @@ LOAD_SHIFT = 8
 #: its arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
 STALE_RAIL_BITS = 8
 INF = float("inf")
+#: While a peer has no rail and no relay (stranded), a re-dial's connect is given up after this
+#: and the next one starts at most STRANDED_BACKOFF later: a SYN sent into a black hole is sent
+#: again by the kernel only after 1 s, and with the usual half-second connect and back-off a rail
+#: repaired just after a dial began was found up to a second late, the pair waiting all that time
+#: (a ring step of 724 ms in the hour of seed 257: its other rail was cut 0.1 s after the repair).
+STRANDED_CONNECT = 0.15
+STRANDED_BACKOFF = 0.1
 
 
 def failure_event(exc: BaseException) -> Ev:
@@ -374,6 +381,7 @@ class PeerChannel:
                 self._emit("no_path", moved_from if moved_from is not None else -1, cause or "socket_error",
                            since=self.env.clock.wall())
                 self.report(NoPath())
+                self._redial_now(now)
             return
         if self.no_path_since is not None:
             self.no_path_since = None
@@ -681,6 +689,26 @@ class PeerChannel:
             if carrier is not None:
                 epoch = min(epoch, (1 << (32 - STALE_RAIL_BITS)) - 1)
                 self.sender.control(carrier, NOTIFY_STALE, arg=rail | epoch << STALE_RAIL_BITS)
+
+    @property
+    def stranded(self) -> bool:
+        """No rail carries our traffic and no relay does (re-dials go at STRANDED_CONNECT's pace)."""
+        return self.no_path_since is not None and self.relay is None and self.lost is None
+
+    def _redial_now(self, now: float) -> None:
+        """The last rail is gone: the links this rank re-dials (it is the higher rank) that
+        are down are dialed again now, not when a back-off grown during an earlier outage
+        ends (up to LINKESCAPE_RECONNECT_MAX_MS after a dial of up to half a second)."""
+        if self.env.rank < self.rank:
+            return
+        again = False
+        for st in self.status:
+            if st.state is State.DOWN:
+                st.next_probe = now
+                st.backoff = 0.0
+                again = True
+        if again:
+            self.report(Redial())
 
     def _retry_now(self, rail: int) -> None:
         st = self.status[rail]

@@ -34,7 +34,7 @@ from ..errors import HandshakeError
 from ..protocol.linkstate import Ev
 from ..transport import tcp
 from .link import Link
-from .peer import INF
+from .peer import INF, STRANDED_CONNECT
 
 log = logging.getLogger("linkescape.recovery")
 
@@ -279,7 +279,8 @@ class Recovery:
             # the next try. A peer that answered gets the acceptor's own time for the handshake: a
             # loaded peer (64 ranks on 2 cores) took longer than 0.5 s, the dialer gave up on links
             # the acceptor had just kept, and the backups churned without end.
-            connect_by = now + min(0.5, self.config.reconnect_max + 0.25)
+            connect_by = now + (STRANDED_CONNECT if self.engine.stranded(peer)
+                                else min(0.5, self.config.reconnect_max + 0.25))
             deadline = max(connect_by, now + self.config.handshake_timeout)
             if first:
                 # A link's first connection (start-up's backups, and with connect_at_start=neighbours
@@ -296,6 +297,7 @@ class Recovery:
             except (OSError, HandshakeError) as exc:
                 self._dial_failed(key, exc)
                 continue
+            dial.started, dial.first = now, first
             if dial.done:
                 self._adopt(dial.sock, peer, rail, epoch, dial.established)
             else:
@@ -304,6 +306,9 @@ class Recovery:
     def _advance_dials(self, ready: dict, now: float) -> None:
         for fd in list(self._dials):
             key, dial = self._dials[fd]
+            if not dial.connected and not dial.first and dial.connect_by > dial.started + STRANDED_CONNECT and \
+                    self.engine.stranded(key[0]):
+                dial.connect_by = dial.started + STRANDED_CONNECT  # the peer lost its last rail meanwhile
             if fd not in ready and now <= dial.due:
                 continue
             try:

@@ -174,6 +174,10 @@ class Dial:
         self.deadline = deadline
         self.connect_by = deadline if connect_by is None else min(connect_by, deadline)
         self.connected = False
+        #: when the dial began (its owner may set it on its own clock)
+        self.started = time.monotonic()
+        #: a link's first connection (its owner's business: recovery gives those more time)
+        self.first = False
         self.established: Optional[Established] = None
         self._out = b""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
