@@ -168,3 +168,43 @@ def test_a_run_directory_holding_an_earlier_run_is_refused_and_kept(tmp_path):
     empty.mkdir()
     from linkescape.chaos.cli import _earlier_run
     assert _earlier_run(str(empty)) == [] and _earlier_run(str(tmp_path / "absent")) == []
+
+
+def test_sigterm_stops_the_ranks_and_takes_the_testbed_down(tmp_path):
+    """``kill`` (SIGTERM) on a running soak ends it as Ctrl-C does: its ranks stopped, its testbed's
+    namespaces, veths and bridges gone (they and the ranks used to stay)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from linkescape.testbed.netns import down, find_leftovers, list_netns
+    from linkescape.testbed.pytest_fixtures import require_testbed
+
+    require_testbed()
+    before = set(list_netns())
+    proc = subprocess.Popen([sys.executable, "-c", "from linkescape.cli import main; main()", "chaos", "--duration",
+                             "60s", "--seed", "5", "--out", str(tmp_path / "run"), "--no-live"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    names = set()
+    try:
+        for line in proc.stdout:
+            if line.lstrip().startswith("["):  # its ranks are up and the plan is playing
+                break
+        names = {n.rsplit("-h", 1)[0] for n in set(list_netns()) - before if n.startswith("ch")}
+        assert names and all(find_leftovers(n) for n in names), names
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        assert proc.returncode != 0
+        assert not any(find_leftovers(n) for n in names), [find_leftovers(n) for n in names]
+        ranks = subprocess.run(["pgrep", "-f", f"chaos.worker .*--ops {tmp_path}"], capture_output=True, text=True)
+        assert ranks.stdout.strip() == "", ranks.stdout
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for n in names:
+            if find_leftovers(n):
+                down(n)

@@ -193,10 +193,11 @@ def chaos(hosts: int, rails: int, rate: str, duration: float, seed: Optional[int
         # failed at set-up) and mixed both runs' operations in its report
         raise click.UsageError(f"--out {out} holds an earlier run ({', '.join(left)}): remove it or pick "
                                f"another directory")
-    from ..testbed.netns import TestbedError
+    from ..testbed.netns import TestbedError, sigterm_as_interrupt
 
     try:
-        rep = run_chaos(opts, say=click.echo)
+        with sigterm_as_interrupt():  # kill (SIGTERM) stops the ranks and takes the testbed down, as Ctrl-C does
+            rep = run_chaos(opts, say=click.echo)
     except (TestbedError, ScheduleError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_report(rep))
