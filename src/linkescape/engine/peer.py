@@ -381,7 +381,7 @@ class PeerChannel:
                 self._emit("no_path", moved_from if moved_from is not None else -1, cause or "socket_error",
                            since=self.env.clock.wall())
                 self.report(NoPath())
-                self._redial_now(now)
+                self._redial_now()
             return
         if self.no_path_since is not None:
             self.no_path_since = None
@@ -695,20 +695,13 @@ class PeerChannel:
         """No rail carries our traffic and no relay does (re-dials go at STRANDED_CONNECT's pace)."""
         return self.no_path_since is not None and self.relay is None and self.lost is None
 
-    def _redial_now(self, now: float) -> None:
+    def _redial_now(self) -> None:
         """The last rail is gone: the links this rank re-dials (it is the higher rank) that
         are down are dialed again now, not when a back-off grown during an earlier outage
         ends (up to LINKESCAPE_RECONNECT_MAX_MS after a dial of up to half a second)."""
-        if self.env.rank < self.rank:
-            return
-        again = False
-        for st in self.status:
-            if st.state is State.DOWN:
-                st.next_probe = now
-                st.backoff = 0.0
-                again = True
-        if again:
-            self.report(Redial())
+        if self.env.rank > self.rank:
+            for rail in range(len(self.status)):
+                self._retry_now(rail)
 
     def _retry_now(self, rail: int) -> None:
         st = self.status[rail]
