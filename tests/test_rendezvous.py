@@ -76,6 +76,24 @@ def test_the_job_secret_comes_with_the_addresses_in_the_same_store_calls():
     assert store.calls.get("wait") == 2 and store.calls.get("multi_get") == 1 and store.calls.get("get") == 1
 
 
+def test_addresses_read_in_one_parse_are_each_peer_s_own():
+    """The records are parsed together; one that is not a JSON list of its own (it would shift
+    or break the others in the joined parse) sends the exchange back to one parse per record,
+    and start-up fails naming the rank whose record it is."""
+    values = _published(5)
+    values[rendezvous.KEY_ADDR.format(rank=3)] = b'["127.0.0.1:1003"], ["10.0.0.9:1"]'
+    store = DictStore(values)
+    with pytest.raises(RendezvousError) as err:  # that record alone is not JSON: start-up names its rank
+        rendezvous.exchange(store, 1, 5, [("127.0.0.1", 1001)], time.monotonic() + 5)
+    assert err.value.missing == (3,) and "rank 3" in str(err.value)
+    values[rendezvous.KEY_ADDR.format(rank=3)] = json.dumps(["127.0.0.2:1003", "[::1]:7"]).encode()
+    job, peers, _secret = rendezvous.exchange(DictStore(values), 1, 5, [("127.0.0.1", 1001)], time.monotonic() + 5)
+    assert peers == {0: [("127.0.0.1", 1000)], 2: [("127.0.0.1", 1002)],
+                     3: [("127.0.0.2", 1003), ("[::1]", 7)], 4: [("127.0.0.1", 1004)]}
+    assert rendezvous._decode_all([b'["a:1"]', b'["b:2"], ["c:3"]']) is None
+    assert rendezvous._decode_all([b'["a:1"]', "text"]) is None
+
+
 def test_a_rank_that_never_arrives_is_named():
     store = DictStore(_published(6, absent=(2, 5)))
     with pytest.raises(RendezvousError) as err:

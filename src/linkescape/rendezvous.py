@@ -145,6 +145,19 @@ def _decode(value) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def _decode_all(values) -> Optional[list]:
+    """Every peer's address record in one JSON parse (one per record is what
+    start-up spent most of its exchange on); None when one of them is not
+    bytes or not JSON: then each is decoded alone."""
+    if not all(isinstance(v, (bytes, bytearray)) for v in values):
+        return None
+    try:
+        out = json.loads(b"[" + b",".join(values) + b"]")
+    except ValueError:
+        return None
+    return out if len(out) == len(values) else None
+
+
 def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]], deadline: float,
              with_secret: bool = False) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]], Optional[bytes]]:
     """(job token, {peer: its rail addresses}, the per-job secret or None).
@@ -163,14 +176,17 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
     keys = [KEY_ADDR.format(rank=p) for p in others]
     values = _get_all(store, keys + [KEY_SECRET.format(job=job.decode())] if with_secret else keys, deadline)
     secret = _decode(values.pop()).encode() if with_secret and values is not None else None
+    decoded = _decode_all(values) if values is not None else None
     for i, p in enumerate(others):
         try:
-            value = values[i] if values is not None else _store_get(store, KEY_ADDR.format(rank=p), deadline, p)
-            raw = json.loads(_decode(value))
+            raw = decoded[i] if decoded is not None else json.loads(_decode(
+                values[i] if values is not None else _store_get(store, KEY_ADDR.format(rank=p), deadline, p)))
+            peers[p] = [(host, int(port)) for host, _, port in (s.rpartition(":") for s in raw)]
         except RendezvousError:
             missing.append(p)
-            continue
-        peers[p] = [(s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1])) for s in raw]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise RendezvousError(f"rank {p}'s addresses in the store are not a list of host:port ({exc})",
+                                  missing=[p]) from None
     if missing:
         raise RendezvousError(f"ranks {missing} never arrived at the store", missing=missing)
     return job, peers, secret

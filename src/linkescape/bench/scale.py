@@ -111,6 +111,14 @@ def counting_store(store):
             self.calls += 1
             return self.inner.check(keys)
 
+        def multi_get(self, keys):  # one round trip on a TCPStore (torch's default here: a get per key)
+            self.calls += 1
+            return self.inner.multi_get(keys)
+
+        def multi_set(self, keys, values):
+            self.calls += 1
+            return self.inner.multi_set(keys, values)
+
         def wait(self, keys, timeout=None):
             self.calls += 1
             return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)

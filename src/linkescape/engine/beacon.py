@@ -38,7 +38,6 @@ answer, nothing is concluded from it: see ``Liveness``.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -66,11 +65,11 @@ class RecordKey:
 
     def __init__(self, link_key: bytes, job: bytes) -> None:
         self.job = bytes(job).rstrip(b"\0")
-        self._key = hmac.new(bytes(link_key), b"linkescape store records\0" + self.job, hashlib.sha256).digest()
+        self._key = hmac.digest(bytes(link_key), b"linkescape store records\0" + self.job, "sha256")
 
     def mac(self, *fields) -> str:
         msg = "\0".join(str(f) for f in fields).encode()
-        return hmac.new(self._key, self.job + b"\0" + msg, hashlib.sha256).hexdigest()[:32]
+        return hmac.digest(self._key, self.job + b"\0" + msg, "sha256").hex()[:32]
 
     def alive(self, rank: int, counter: int) -> str:
         return f"{counter} {self.mac('alive', rank, counter)}"

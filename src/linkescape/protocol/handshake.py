@@ -45,7 +45,6 @@ Rules:
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import secrets
 import struct
@@ -174,7 +173,7 @@ def proof(key: bytes, label: bytes, job: bytes, nonce_d: bytes, nonce_a: bytes, 
     job = _job(job)
     msg = b"".join((_DOMAIN, label, bytes([len(job)]), job, nonce_d, nonce_a,
                     _FIELDS.pack(src, dst, rail, epoch, expected)))
-    return hmac.new(key, msg, hashlib.sha256).digest()
+    return hmac.digest(key, msg, "sha256")
 
 
 def hello_mac(key: bytes, hello: Hello) -> bytes:
