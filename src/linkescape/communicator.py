@@ -148,30 +148,32 @@ class Communicator:
             self._driver = Driver(self._engine)
         self._driver.spin = self._spin_budget()
         starts = [self._engine.start] + ([self._recovery.start] if self._recovery is not None else [])
-        self._start_barrier(lambda: self._driver.start_background(also=starts))
+        self._start_barrier(lambda gated: self._driver.start_background(also=starts, gated=gated))
         self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
 
     def _start_barrier(self, start_threads) -> None:
-        """Start the rank's threads (``start_threads``); with ``connect_at_start=neighbours``, inside
-        a barrier: wait until every rank's start-up is done, then let recovery dial the links start-up
-        left (the other peers', the backups). A rank done first used to dial at once: on a host with
-        more ranks than cores its handshakes took the CPU from the ranks still starting (the slowest
-        rank's init at 32 ranks on 2 cores: 148-183 ms, against 95-157 ms this way; see
-        docs/benchmarks.md). The threads start once this rank has arrived: a thread's start waits
-        until the new thread runs, which on a loaded host is a scheduling round (17 ms at 32 ranks on
-        2 cores), spent while the others arrive."""
+        """Start the rank's threads (``start_threads(gated)``); with ``connect_at_start=neighbours``,
+        inside a barrier: wait until every rank's start-up is done, then let recovery dial the links
+        start-up left (the other peers', the backups). A rank done first used to dial at once: on a
+        host with more ranks than cores its handshakes took the CPU from the ranks still starting (the
+        slowest rank's init at 32 ranks on 2 cores: 148-183 ms, against 95-157 ms this way; see
+        docs/benchmarks.md). The progress thread starts once this rank has arrived: a thread's start
+        waits until the new thread runs, which on a loaded host is a scheduling round (17 ms at 32
+        ranks on 2 cores), spent while the others arrive; it starts the beacon and recovery and
+        drives progress only once the barrier is passed, for the same reason."""
         barrier, self._barrier = self._barrier, None
         if barrier is None:
-            start_threads()
+            start_threads(False)
             return
         store, deadline = barrier
         try:
-            self._setup.barrier(store, deadline, meanwhile=start_threads)
+            self._setup.barrier(store, deadline, meanwhile=lambda: start_threads(True))
         except BaseException:
             self._shutdown(graceful=False)
             raise
         self._recovery.release()
+        self._driver.open_gate()
 
     def _attach_observers(self) -> None:
         """The flight recorder (LINKESCAPE_TRACE_BUFFER) and the metrics server (LINKESCAPE_METRICS_PORT)."""
