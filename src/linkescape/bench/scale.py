@@ -20,7 +20,9 @@ side in the same processes:
   from ``/proc/self/task``); Gloo's is the rest of the process less the
   sleeping main thread, so both come from the same seconds;
 - ``store_calls_per_s``: store calls of the backend while idle (each backend
-  gets its own counting wrapper around the store);
+  gets its own counting wrapper around the store; the wrapper passes
+  ``multi_get`` on, one call, as the TCPStore under it answers it: torch's
+  default for a store written in Python is a ``get`` per key);
 - ``fds``: descriptors the backend opened, per rank;
 - ``allreduce_4B_us`` and ``allreduce_1MiB_us``: the slowest rank's mean time of
   a loop of all_reduce calls, backends alternating which goes first in each
