@@ -150,6 +150,35 @@ def test_a_link_accepted_only_later_is_refused_quietly_and_not_counted_as_a_reje
     assert len(h.wait_links(1)) == 1
 
 
+def test_a_peer_that_closes_mid_handshake_is_counted_but_not_warned_about(harness, caplog):
+    """A rank of the job (its HELLO showed the key) whose connection closes before the handshake
+    ends (the job closing while backups are dialed) is an INFO line; a stranger's close, a WARN."""
+    h = harness()
+    with caplog.at_level(logging.INFO, logger="linkescape.transport"):
+        hs = LinkAuth(KEY, JOB, 2, 3, 1).dialer(0, 0, 5, 1, time.monotonic() + 5)
+        s = socket.create_connection(h.addr)
+        s.sendall(hs.data_to_send())
+        s.settimeout(5)
+        assert len(s.recv(CHALLENGE.size)) == CHALLENGE.size  # the HELLO was taken: a challenge back
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()  # a reset, as a closing process's dial ends
+        deadline = time.monotonic() + 5
+        while h.acceptor.rejected < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert h.acceptor.rejected_by == {"closed": 1}
+        mine = [r for r in caplog.records if "closed before its handshake ended" in r.getMessage()]
+        assert mine and mine[0].levelno == logging.INFO and "rank 2's connection on rail 0" in mine[0].getMessage()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        stranger = socket.create_connection(h.addr)
+        stranger.sendall(b"\x00" * 3)
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        stranger.close()
+        while h.acceptor.rejected < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert h.acceptor.rejected_by == {"closed": 2}
+    assert [r for r in caplog.records if r.levelno == logging.WARNING and "rejected a connection" in r.getMessage()]
+
+
 def test_a_stranger_gets_a_rejection_never_a_nonce_or_a_proof(harness):
     h = harness()
     hs = LinkAuth(b"guessed key, not the job's key..", JOB, 2, 3, 1).dialer(0, 0, 1 << 30, 1 << 40,

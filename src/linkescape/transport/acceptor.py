@@ -311,6 +311,14 @@ class Acceptor:
             log.debug("rank %d: not yet accepting a connection from %s (%s)", self.auth.rank,
                       p.addr[0] if p.addr else "?", exc)
             return
+        if reason == "closed" and p.hs.progress >= 1:
+            # A rank of this job (its HELLO showed the key) that went away mid-handshake: a job
+            # closing while its backups are dialed, or a dialer that gave up at its deadline. Not a
+            # stranger: no warning (a 32-rank job closed right after start-up warned on a third of
+            # its ranks); still counted in ``rejected_by``.
+            log.info("rank %d: rank %d's connection on rail %d closed before its handshake ended (%s)",
+                     self.auth.rank, p.hs.hello.src, p.hs.hello.rail, exc)
+            return
         now = time.monotonic()
         if now - self._log_at < LOG_INTERVAL:
             self._log_quiet += 1
