@@ -44,20 +44,28 @@ def _busy(comm, stop, cut):
         time.sleep(0.01)
 
 
+def _start_ranks(n, fn, *args, config, out):
+    """run_ranks in a thread; returns it once all n ranks are forked. Poll
+    only after that: a fork while this thread is inside getaddrinfo (urllib)
+    leaves the child with glibc's resolver lock held, and the rank hangs at
+    its first lookup (CI saw rank 1 of the relay test hang so)."""
+    t = threading.Thread(target=lambda: out.setdefault("res", run_ranks(n, fn, *args, rails=RAILS, config=config,
+                                                                        timeout=120)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while len(multiprocessing.active_children()) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(multiprocessing.active_children()) >= n, "the ranks were not forked within 30 s"
+    return t
+
+
 @pytest.fixture
 def job(tmp_path):
     base = free_base(2)
     stop, cut = str(tmp_path / "stop"), str(tmp_path / "cut")
     cfg = Config(metrics_port=base, timeout=60)
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("res", run_ranks(2, _busy, stop, cut, rails=RAILS,
-                                                                        config=cfg, timeout=120)))
-    t.start()
-    # Poll only once both ranks are forked: a fork while this thread is inside getaddrinfo (urllib)
-    # leaves the child with glibc's resolver lock held, and the rank hangs at its first lookup.
-    deadline = time.monotonic() + 30
-    while len(multiprocessing.active_children()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    t = _start_ranks(2, _busy, stop, cut, config=cfg, out=out)
     poller = Poller([Target("127.0.0.1", base), Target("127.0.0.1", base + 1)])
     deadline = time.monotonic() + 60
     while len(poller.poll()["ranks"]) < 2 and time.monotonic() < deadline:
@@ -158,9 +166,7 @@ def test_the_view_shows_a_relayed_pair_via_whom_and_who_relays(tmp_path):
     stop, cross, restore = (str(tmp_path / n) for n in ("stop", "cross", "restore"))
     cfg = Config(metrics_port=base, timeout=60, failback_holddown=0.3)
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("res", run_ranks(4, _busy_cross, stop, cross, restore,
-                                                                        rails=RAILS, config=cfg, timeout=120)))
-    t.start()
+    t = _start_ranks(4, _busy_cross, stop, cross, restore, config=cfg, out=out)
     targets = [Target("127.0.0.1", base + r) for r in range(4)]
     poller = Poller(targets)
     try:

@@ -163,7 +163,11 @@ def test_a_flood_of_valid_hellos_from_several_addresses_never_evicts_a_hosts_re_
     while len(acc.links) < len(dials) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted((l.peer, l.rail) for l in acc.links) == [(p, 0) for p in range(1, WORLD)]
-    assert acc.acceptor.rejected_by.get("auth", 0) >= 3 * len(FLOODERS)  # the HELLOs, on arrival
+    # Every one that went was the flood's: a keyless HELLO the acceptor read is refused on arrival
+    # (auth); one whose HELLO was still in flight when a newer connection needed the slot was the
+    # least advanced and made room (evicted). Which of the two is a race (CI saw 11 and 14).
+    why = acc.acceptor.rejected_by
+    assert set(why) <= {"auth", "evicted"} and sum(why.values()) >= len(flood) + len(dials) - 8, why
     for s in flood + [s for s, _ in dials]:
         s.close()
 
