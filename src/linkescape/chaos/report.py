@@ -451,7 +451,7 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
     cwin = tr.get("count_window_s") or resources.COUNT_WINDOW_S
     add(f"resources over time (sampled every {iv:.0f} s; slope per hour after warm-up, RSS MB / fds / threads: "
         f"judged = RSS through its floor (each {win:.0f} s's lowest sample), fds and threads' robust (median "
-        f"pairwise) slope through each {cwin:.0f} s's usual (most common) value [least squares through every "
+        f"pairwise) slope through each {cwin:.0f} s's ceiling (highest sample) [least squares through every "
         f"sample]):" if iv else
         "resources over time (slope per hour after warm-up, RSS MB / fds / threads, judged [every sample]):")
     for p in tr["parts"]:
@@ -469,7 +469,7 @@ def _trends(tr: Optional[Mapping[str, Any]], pngs, add) -> None:
                                                                         f"{tr['judge_min_s'] / 60:.0f} min)"))
     if tr.get("flat") is not None:
         lim = tr["limits_per_hour"]
-        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads' usual values <= {lim['fds']:g}/h): "
+        add(f"  flat (RSS's floor <= {lim['rss_mb']:g} MB/h, fds and threads' ceilings <= {lim['fds']:g}/h): "
             + ("yes" if tr["flat"] else "NO: " + "; ".join(tr["reasons"][:6])))
     if pngs:
         add(f"  picture: {pngs[0]}")
