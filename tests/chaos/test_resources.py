@@ -127,6 +127,17 @@ def test_a_count_that_swings_in_bursts_is_flat_and_one_that_steps_up_is_not():
     assert slow["flat"] is False
 
 
+def _hour(digits: str, base: int, every: float, leak_every_s: float = 0.0) -> tuple:
+    """A rank's fds from a real hour (``base`` + each digit, one sample every ``every`` s), plus one kept
+    descriptor every ``leak_every_s`` if given: the trends of that part, and that rank's row."""
+    kept = (lambda i: int(i * every // leak_every_s)) if leak_every_s else (lambda i: 0)
+    samples = [{"t": 1000.0 + i * every, "part": 1,
+                "ranks": [{"rss_mb": 65.0, "fds": base + int(c) + kept(i), "threads": 6}]}
+               for i, c in enumerate(digits)]
+    tr = resources.trends(samples, [{"part": 1, "policy": "active-backup"}])
+    return tr, tr["parts"][0]["ranks"][0]
+
+
 #: the hour at seed 179, part 1 (active-backup), rank 1: open fds every 5.08 s, minus 17
 SEED179_RANK1_FDS = (
     "6623451453560462305624454634223043626364361623330330504325363364345516343344044645464536566665516465445264"
@@ -138,17 +149,12 @@ SEED179_RANK1_FDS = (
 def test_faults_crowding_the_start_of_a_part_are_not_a_leak():
     # the schedule's faults kept more of rank 1's links down in the part's first minutes than later: the
     # Theil-Sen line through every sample said +2.7/h, on a rank whose usual count was 23 throughout and
-    # that held 23 when the faults stopped. The usual value of each window is what a leak moves.
-    samples = [{"t": 1000.0 + i * 5.08, "part": 1, "ranks": [{"rss_mb": 65.0, "fds": 17 + int(c), "threads": 6}]}
-               for i, c in enumerate(SEED179_RANK1_FDS)]
-    tr = resources.trends(samples, [{"part": 1, "policy": "active-backup"}])
-    row = tr["parts"][0]["ranks"][0]
+    # that held 23 when the faults stopped. A leak moves each window's highest sample (and its usual one).
+    tr, row = _hour(SEED179_RANK1_FDS, 17, 5.08)
     assert row["robust"]["fds"]["per_hour"] > 2.0  # every sample's median slope follows the crowded start
     assert row["ceiling"]["fds"]["per_hour"] == 0.0 and tr["flat"] is True, tr["reasons"]
     # a leak of one descriptor per 10 minutes under the same swings is found
-    leaky = [{**s, "ranks": [{**s["ranks"][0], "fds": s["ranks"][0]["fds"] + int(i * 5.08 // 600)}]}
-             for i, s in enumerate(samples)]
-    tr = resources.trends(leaky, [{"part": 1, "policy": "active-backup"}])
+    tr, _ = _hour(SEED179_RANK1_FDS, 17, 5.08, leak_every_s=600)
     assert tr["flat"] is False and "fds's ceiling grows" in tr["reasons"][0]
     assert resources.usual([0, 10, 20, 130, 140, 150], [5, 5, 3, 7, 8, 8], window=120) == ([10, 140], [5, 8])
     assert resources.ceiling([0, 10, 20, 130, 140, 150], [5, 5, 3, 7, 8, 6], window=120) == ([10, 140], [5, 8])
@@ -166,15 +172,10 @@ def test_links_down_most_of_the_time_are_not_a_leak():
     # the most common value of each 2 minutes jumped between 20 and 24 as faults took links down, and its
     # line said +4.3/h (the hour's only FAIL); every sample stayed <= 24, the rank's full set of links.
     # Each window's highest sample is that set, window after window; a leaked descriptor raises it.
-    samples = [{"t": 1000.0 + i * 5.06, "part": 1, "ranks": [{"rss_mb": 65.0, "fds": 18 + int(c), "threads": 6}]}
-               for i, c in enumerate(SEED277_RANK0_FDS)]
-    tr = resources.trends(samples, [{"part": 1, "policy": "active-backup"}])
-    row = tr["parts"][0]["ranks"][0]
+    tr, row = _hour(SEED277_RANK0_FDS, 18, 5.06)
     assert row["usual"]["fds"]["per_hour"] > 2.0  # the judge the hour failed on
     assert row["ceiling"]["fds"]["per_hour"] == 0.0 and tr["flat"] is True, tr["reasons"]
-    leaky = [{**s, "ranks": [{**s["ranks"][0], "fds": s["ranks"][0]["fds"] + int(i * 5.06 // 900)}]}
-             for i, s in enumerate(samples)]  # one descriptor kept every 15 minutes
-    tr = resources.trends(leaky, [{"part": 1, "policy": "active-backup"}])
+    tr, _ = _hour(SEED277_RANK0_FDS, 18, 5.06, leak_every_s=900)  # one descriptor kept every 15 minutes
     assert tr["flat"] is False and "fds's ceiling grows" in tr["reasons"][0]
 
 

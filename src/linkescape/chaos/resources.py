@@ -346,5 +346,5 @@ def plot(paths: Sequence[str], samples: Sequence[Mapping[str, Any]], tr: Mapping
     return written
 
 
-__all__ = ["load", "series", "fit", "robust", "floor", "usual", "ceiling", "judged_line", "trends", "plot", "JUDGE_MIN_S", "RSS_LIMIT_MB_PER_H",
-           "COUNT_LIMIT_PER_H", "COUNT_WINDOW_S"]
+__all__ = ["load", "series", "fit", "robust", "floor", "usual", "ceiling", "judged_line", "trends", "plot",
+           "JUDGE_MIN_S", "RSS_LIMIT_MB_PER_H", "COUNT_LIMIT_PER_H", "COUNT_WINDOW_S"]
