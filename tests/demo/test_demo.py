@@ -234,6 +234,18 @@ def test_fault_timing_from_events():
     assert (t["failovers"], t["failbacks"], t["link_downs"]) == (2, 2, 1)
     nothing = fault_timing(f, events[:1])
     assert nothing["detection_ms"] is None and nothing["recovery_ms"] is None
+    # The next fault began at 102.5, before the hold-down let this rail back (make test saw a blackhole's
+    # failback 1.60 s after its repair, 0.01 s after the next fault began: "never failed back"). A failback
+    # belongs to the latest repair before it: it is looked for up to the next fault's repair.
+    t = fault_timing(f, events, until=102.5, back_until=110.0)
+    assert t["recovery_ms"] == pytest.approx(1090.0, abs=1e-6) and t["all_back_ms"] == pytest.approx(1290.0, abs=1e-6)
+    assert (t["failovers"], t["failbacks"], t["link_downs"]) == (2, 2, 1)
+    t = fault_timing(f, events, until=102.5, back_until=103.2)  # the next fault's repair came between the two
+    assert t["recovery_ms"] == pytest.approx(1090.0, abs=1e-6) and t["failbacks"] == 1 and t["all_back_ms"] is None
+    nxt = PlayedFault.planned(1, "cut", 2, 0, 2.5, 1.0)
+    nxt.issued, nxt.ts, nxt.restore_issued, nxt.restored = 102.49, 102.5, 103.5, 103.51
+    late = [_ev(103.1, 2, "failback", 1, 0, from_rail=1)]  # the pair (1, 2) back on rail 0 at 103.1
+    assert fault_timing(nxt, late)["failbacks"] == 0  # before the second fault's repair: the first fault's
 
 
 def test_live_state_traffic_and_tail(tmp_path):

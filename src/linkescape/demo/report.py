@@ -263,12 +263,14 @@ def _fault_rows(fl: List[Any], events: List[Dict[str, Any]], t_start: Optional[f
     faults = []
     for i, f in enumerate(fl):
         nxt = fl[i + 1].issued if i + 1 < len(fl) and fl[i + 1].issued else None
+        # (a failback belongs to the latest repair before it: this fault's are looked for up to the next repair)
+        nxt_back = next((g.restore_issued or g.restored for g in fl[i + 1:] if (g.restore_issued or g.restored)), None)
         d = f.to_dict()
         if f.kind == "cross":
             d.update(_cross_row(f, events, nxt, t_start, issues))
             faults.append(d)
             continue
-        timing = fault_timing(f, events, until=nxt)
+        timing = fault_timing(f, events, until=nxt, back_until=nxt_back)
         d.update(timing)
         if t_start is not None:
             d["at_s"] = None if f.ts is None else round(f.ts - t_start, 3)

@@ -53,9 +53,16 @@ def related(ev: Dict[str, Any], host: int, rail: int) -> bool:
     return kind in ("no_path", "peer_lost")
 
 
-def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[float] = None) -> Dict[str, Any]:
+def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[float] = None,
+                 back_until: Optional[float] = None) -> Dict[str, Any]:
     """Detection (fault -> first link_down/failover on any rank) and recovery
-    (repair -> failback) of one fault, from the ranks' events."""
+    (repair -> failback) of one fault, from the ranks' events.
+
+    ``until``: when the next fault began; its detection, failovers and links
+    down are counted up to there. A failback belongs to the latest repair
+    before it (a repaired rail comes back after a hold-down, which may end
+    after the next fault began): this fault's failbacks are looked for from
+    its repair to ``back_until``, the next fault's repair (default: none)."""
     host, rail = _get(fault, "host"), _get(fault, "rail")
     issued, ts = _get(fault, "issued"), _get(fault, "ts")
     r_issued, restored = _get(fault, "restore_issued"), _get(fault, "restored")
@@ -69,9 +76,8 @@ def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[f
     mine = sorted((e for e in events if related(e, host, rail) and start <= e.get("ts", 0.0) < end),
                   key=lambda e: e["ts"])
     for e in mine:
-        key = {"link_down": "link_downs", "failover": "failovers", "failback": "failbacks"}.get(e["event"],
-                                                                                               e["event"])
-        if key in out:
+        key = {"link_down": "link_downs", "failover": "failovers"}.get(e["event"], e["event"])
+        if key in out and key != "failback":
             out[key] += 1
     det = next((e for e in mine if e["event"] in DETECT_EVENTS and e["ts"] - ts <= DETECT_WINDOW), None)
     if det is not None:
@@ -81,7 +87,10 @@ def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[f
         out["detection_ms"] = max(0.0, out["detection_raw_ms"])
         out["detected_by"] = {k: det.get(k) for k in ("ts", "rank", "event", "peer", "rail", "cause")}
     if restored is not None:
-        back = [e for e in mine if e["event"] == "failback" and e["ts"] >= (r_issued or restored)]
+        b0, b1 = r_issued or restored, back_until if back_until is not None else float("inf")
+        back = sorted((e for e in events if e.get("event") == "failback" and related(e, host, rail)
+                       and b0 <= e.get("ts", 0.0) < b1), key=lambda e: e["ts"])
+        out["failbacks"] = len(back)
         if back:
             out["recovery_ms"] = max(0.0, (back[0]["ts"] - restored) * 1000.0)
             out["recovered_by"] = {k: back[0].get(k) for k in ("ts", "rank", "event", "peer", "rail")}
@@ -173,8 +182,9 @@ def fault_rows(faults: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
     """One row per fault: detection, failover, rail back, failback (the report's table)."""
     rows = []
     for i, f in enumerate(faults):
-        nxt = faults[i + 1]["ts"] if i + 1 < len(faults) and faults[i + 1]["rail"] == f["rail"] else None
-        timing = fault_timing(f, events, until=nxt)
+        same = i + 1 < len(faults) and faults[i + 1]["rail"] == f["rail"]
+        nxt = faults[i + 1]["ts"] if same else None
+        timing = fault_timing(f, events, until=nxt, back_until=faults[i + 1].get("restored") if same else None)
         host, rail, ts = f["host"], f["rail"], f["ts"]
         hosts = [host] if host is not None else f.get("hosts") or []
         fo = sorted(e["ts"] for e in events if e.get("event") == "failover" and e.get("from_rail") == rail
