@@ -264,7 +264,7 @@ def _fault_rows(fl: List[Any], events: List[Dict[str, Any]], t_start: Optional[f
     for i, f in enumerate(fl):
         nxt = fl[i + 1].issued if i + 1 < len(fl) and fl[i + 1].issued else None
         # (a failback belongs to the latest repair before it: this fault's are looked for up to the next repair)
-        nxt_back = next((g.restore_issued or g.restored for g in fl[i + 1:] if (g.restore_issued or g.restored)), None)
+        nxt_back = next((t for t in (g.restore_issued or g.restored for g in fl[i + 1:]) if t), None)
         d = f.to_dict()
         if f.kind == "cross":
             d.update(_cross_row(f, events, nxt, t_start, issues))

@@ -77,7 +77,7 @@ def fault_timing(fault: Any, events: Sequence[Dict[str, Any]], until: Optional[f
                   key=lambda e: e["ts"])
     for e in mine:
         key = {"link_down": "link_downs", "failover": "failovers"}.get(e["event"], e["event"])
-        if key in out and key != "failback":
+        if key in out:  # (failbacks are counted below, from the repair on)
             out[key] += 1
     det = next((e for e in mine if e["event"] in DETECT_EVENTS and e["ts"] - ts <= DETECT_WINDOW), None)
     if det is not None:
