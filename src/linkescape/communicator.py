@@ -147,10 +147,16 @@ class Communicator:
             self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
             self._driver = Driver(self._engine)
         self._driver.spin = self._spin_budget()
-        starts = [self._engine.start] + ([self._recovery.start] if self._recovery is not None else [])
+        starts = [self._build_peers, self._engine.start] + ([self._recovery.start] if self._recovery is not None
+                                                             else [])
         self._start_barrier(lambda gated: self._driver.start_background(also=starts, gated=gated))
         self._attach_observers()
         log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
+
+    def _build_peers(self) -> None:
+        """(progress thread, first) The peers start-up did not build (``Engine(peers_now=)``)."""
+        with self._driver.locked() as eng:
+            eng.build_peers()
 
     def _start_barrier(self, start_threads) -> None:
         """Start the rank's threads (``start_threads(gated)``); with ``connect_at_start=neighbours``,
@@ -224,16 +230,16 @@ class Communicator:
         self.peer_addresses = peers
         # liveness and root causes through the store (the management network),
         # in records authenticated with the job's key
+        # (neighbours: only the peers start-up connected are built now; the progress thread
+        # builds the rest once it runs, off the caller's path: see ``starts`` in __init__)
         eng = self._engine = Engine(self.rank, self.world_size, len(self.rail_addrs), self.config, self.events,
-                                    store=store, record_key=RecordKey(setup.auth.key, job))
+                                    store=store, record_key=RecordKey(setup.auth.key, job), peers_now=now_peers)
         self._driver = Driver(eng)
         now = eng.clock.now()
         with self._driver.locked():
             keys = setup.link_keys if self.config.frame_auth else {}
-            eng.open_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)))
-                            for (peer, rail), sock in sorted(socks.items())])
-            eng.await_links([(peer, rail) for peer in eng.peers for rail in range(len(self.rail_addrs))
-                             if (peer, rail) not in socks])
+            eng.start_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)))
+                             for (peer, rail), sock in sorted(socks.items())])
         # Recovery waits on the acceptor (not the bare listeners): incoming
         # connections are authenticated without blocking its thread.
         self._recovery = Recovery(eng, setup.auth, setup.acceptor, self.rail_addrs, self.rail_ifnames, peers,

@@ -64,10 +64,11 @@ def _job(rank, n, store_dir):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             peers = comm.snapshot()["peers"].values()
-            if all(l["usable"] for p in peers for l in p["links"]):
+            if len(peers) == n - 1 and all(l["usable"] for p in peers for l in p["links"]):
                 break
             time.sleep(0.05)
-        every_link = all(l["usable"] for p in comm.snapshot()["peers"].values() for l in p["links"])
+        snap = comm.snapshot()["peers"]
+        every_link = len(snap) == n - 1 and all(l["usable"] for p in snap.values() for l in p["links"])
         primaries = sorted({p["primary"] for p in comm.snapshot()["peers"].values()})
         # start-up's links have epoch 1; Recovery's (re-)opened ones 2 and above
         epochs = comm._driver.call(lambda: {(p, l.rail): l.epoch for p, peer in comm._engine.peers.items()

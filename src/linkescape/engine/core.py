@@ -74,9 +74,38 @@ RELAY_RETRY = 0.5
 OUTAGE_ENDS = frozenset({"link_up", "failback", "relay_off"})
 
 
+class PeerTable(dict):
+    """The rank's peers, by rank. A peer's channel is built when first looked up with
+    ``table[rank]`` (``get`` and iteration see only those built): start-up builds its
+    ring neighbours' (``Engine(peers_now=)``) and the progress thread the rest right
+    after (``Engine.build_peers``), off the caller's path. ``build`` (the engine's)
+    builds one and marks its links for Recovery to open, as start-up's backups are."""
+
+    __slots__ = ("valid", "build")
+
+    def __init__(self, valid: range, me: int, build: Callable[[int], PeerChannel]) -> None:
+        super().__init__()
+        self.valid = (valid, me)
+        self.build = build
+
+    def __missing__(self, rank: int) -> PeerChannel:
+        valid, me = self.valid
+        if type(rank) is not int or rank == me or rank not in valid:
+            raise KeyError(rank)
+        return self.build(rank)
+
+    def find(self, rank) -> Optional[PeerChannel]:
+        """The peer ``rank`` (built now if it was not), None if there is no such peer."""
+        try:
+            return self[rank]
+        except KeyError:
+            return None
+
+
 class Engine:
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None,
-                 clock: Clock = SYSTEM, store=None, record_key=None, tcp_probe=ack_silence) -> None:
+                 clock: Clock = SYSTEM, store=None, record_key=None, tcp_probe=ack_silence,
+                 peers_now: Optional[set] = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.nrails = nrails
@@ -97,12 +126,15 @@ class Engine:
         #: healthy goodput per rail (grey-failure reference), shared by its links
         self.rail_rates = [RailRate() for _ in range(nrails)]
         self.matcher = Matcher()
-        self.peers: Dict[int, PeerChannel] = {}
+        self.peers: Dict[int, PeerChannel] = PeerTable(range(world_size), rank, self._build_peer)
+        #: a peer built from now on has its links marked for Recovery (False: start-up, whose links the
+        #: communicator opens or marks itself)
+        self._await_built = False
         self.relays = RelayRouter(rank, self.peers, self.rail_word, config.relay_window, clock)
         self.env = PeerEnv(rank, nrails, config, clock, self.io, self.policy, self.rail_word, self.rail_rates,
                            self.matcher, self.protect_range, self.relays.admit, tcp_probe)
         for p in range(world_size):
-            if p != rank:
+            if p != rank and (peers_now is None or p in peers_now):
                 self.peers[p] = PeerChannel(p, self.env)
         self.ops = OpTable(self.peers, self.matcher, clock)
         #: liveness and root causes through the store (None: no store)
@@ -124,7 +156,7 @@ class Engine:
         #: peers whose listeners Recovery should probe (every link ended with FIN/RST)
         self._probe_wanted: set = set()
         #: idle and backup links are checked this many a second per rank, whatever N
-        self.probes = ProbeBudget(sorted(self.peers), nrails, config.probe_rate)
+        self.probes = ProbeBudget([p for p in range(world_size) if p != rank], nrails, config.probe_rate)
         #: the link probed last: (peer, link), its acknowledgement looked at with the next probe
         self._probed = None
         #: links of an emulated cut being taken down now (see ``local_rail_down``)
@@ -182,6 +214,31 @@ class Engine:
         for link in links:
             peer = self.peers[link.peer]
             self._apply(peer, peer.open_link(link))
+
+    def start_links(self, links: List[Link]) -> None:
+        """Start-up: put its links in service; every other link of every peer (the
+        backups, and the peers start-up did not connect) is opened by Recovery, those of
+        a peer built later (``PeerTable``) as soon as it is built."""
+        self.open_links(links)
+        opened = {(link.peer, link.rail) for link in links}
+        self.await_links([(rank, rail) for rank in self.peers for rail in range(self.nrails)
+                          if (rank, rail) not in opened])
+        self._await_built = True
+
+    def _build_peer(self, rank: int) -> PeerChannel:
+        peer = self.peers[rank] = PeerChannel(rank, self.env)
+        if self._await_built:
+            self.await_links([(rank, rail) for rail in range(self.nrails)])
+        return peer
+
+    def build_peers(self) -> None:
+        """(lock held) Build every peer start-up did not (``Engine(peers_now=)``): their
+        links are opened by Recovery from then on. O(N) once, by the progress thread
+        after the start-up barrier, off the caller's path."""
+        peers = self.peers
+        for rank in range(self.world_size):
+            if rank != self.rank and rank not in peers:
+                peers[rank]  # noqa: B018 - the lookup builds it
 
     def await_links(self, pairs) -> None:
         """Links not opened at start-up (the backups): Recovery opens them
@@ -346,7 +403,7 @@ class Engine:
             elif t is Forward:
                 self._forward(peer, o.dst, o.frame)
             elif t is Relayed:
-                src = self.peers.get(o.src)
+                src = self.peers.find(o.src)  # (a peer not built yet is built now)
                 if src is not None:
                     out = src.on_relayed(o.frame)
                     lost = any(type(x) is RelayEnded for x in out)
@@ -453,7 +510,7 @@ class Engine:
         peer.lost = error
         self.emit("peer_lost", peer.rank, -1, cause, detail=str(error))
         if self.fatal is None:
-            for other in self.peers.values():
+            for other in list(self.peers.values()):  # (what is applied may build a peer)
                 if other is not peer and other.lost is None:
                     self._apply(other, other.tell_all_links(PEER_LOST, peer.rank))
             if self.beacon is not None:
@@ -467,7 +524,7 @@ class Engine:
         store's failure record): fail with it as the root cause."""
         if error is None or self.fatal is not None or self.closed:
             return
-        peer = self.peers.get(error.peer)
+        peer = self.peers.find(error.peer)
         if peer is not None and peer.lost is None:
             peer.lost = error
             self.emit("peer_lost", error.peer, -1, "socket_error", detail=str(error))

@@ -68,6 +68,18 @@ _loaded = False
 _pinned: Optional[str] = None
 
 
+_process = None
+
+
+def _own_symbols():
+    """The process's own symbols (libc's among them), loaded once: each ``ctypes.CDLL``
+    is a ``dlopen`` and a class of its own, at every rank's start-up."""
+    global _process
+    if _process is None:
+        _process = ctypes.CDLL(None)
+    return _process
+
+
 def _load():
     global _trim, _loaded
     if not _loaded:
@@ -75,7 +87,7 @@ def _load():
         try:
             # the process's own symbols (libc's among them); not ctypes.util.find_library,
             # which runs ldconfig in a subprocess: a start-up cost on every rank
-            _trim = ctypes.CDLL(None).malloc_trim
+            _trim = _own_symbols().malloc_trim
             _trim.argtypes = [ctypes.c_size_t]
             _trim.restype = ctypes.c_int
         except (OSError, AttributeError):
@@ -105,7 +117,7 @@ def pin_thresholds(environ=None, mallopt=None) -> str:
     fn = mallopt
     if fn is None:
         try:
-            fn = ctypes.CDLL(None).mallopt
+            fn = _own_symbols().mallopt
             fn.argtypes = [ctypes.c_int, ctypes.c_int]
             fn.restype = ctypes.c_int
         except (OSError, AttributeError):
@@ -184,7 +196,7 @@ def usage() -> Optional[dict]:
     global _mallinfo2
     if _mallinfo2 is None:
         try:
-            fn = ctypes.CDLL(None).mallinfo2
+            fn = _own_symbols().mallinfo2
             fn.restype = _Mallinfo2
             fn.argtypes = []
             _mallinfo2 = fn
