@@ -76,3 +76,12 @@ def test_without_peers_now_every_peer_is_built_at_once():
     finally:
         e.close_io()
         e.recovery_signal.close()
+
+
+def test_other_threads_looks_build_nothing(eng):
+    # Recovery's acceptor asks what we expect from a dialer before its link is adopted, without the
+    # engine's lock: a peer not built yet sent us nothing, and building it is the engine's business
+    eng.start_links([])
+    assert eng.expected_from(4) == 1
+    assert eng.redial_due(4, 0) is None and not eng.stranded(4)
+    assert sorted(eng.peers) == [0, 6]

@@ -345,8 +345,10 @@ class Engine:
 
     def expected_from(self, peer_rank: int) -> int:
         """(any thread) The next seq we expect from the peer (a racy read of an
-        int: a replay then trims less)."""
-        return self.peers[peer_rank].inbound.expected
+        int: a replay then trims less); 1 for a peer not built yet (nothing came from
+        it: building it is the engine's, under its lock)."""
+        peer = self.peers.get(peer_rank)
+        return 1 if peer is None else peer.inbound.expected
 
     def probes_wanted(self) -> List[int]:
         """(any thread, no lock) The peers whose listeners Liveness asked to probe."""
