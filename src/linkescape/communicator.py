@@ -141,6 +141,9 @@ class Communicator:
         self._setup = None
         self._recovery = None
         self._barrier = None  # (store, deadline) of the start-up barrier (neighbours mode)
+        #: start-up ended at a barrier every rank passed (``connect_at_start=neighbours``): when
+        #: this rank's init returned, every rank's start-up was done
+        self.started_together = False
         if world_size > 1:
             self._connect(store)
         else:
@@ -180,6 +183,7 @@ class Communicator:
             raise
         self._recovery.release()
         self._driver.open_gate()
+        self.started_together = True
 
     def _attach_observers(self) -> None:
         """The flight recorder (LINKESCAPE_TRACE_BUFFER) and the metrics server (LINKESCAPE_METRICS_PORT)."""

@@ -12,7 +12,7 @@ from linkescape.bench import scale
 
 def _rank(init: float, cpu: float, t4: list, t1m: list) -> dict:
     both = lambda le, gl: {"linkescape": le, "gloo": gl}  # noqa: E731
-    return {"init": both(init, 2 * init), "init_cpu": both(cpu, cpu / 2), "links": both(2 * init, 2 * init),
+    return {"init": both(init, 2 * init), "group": both(init / 2, init), "init_cpu": both(cpu, cpu / 2), "links": both(2 * init, 2 * init),
             "fds": both(3, 2),
             "idle_cpu": both(0.001, 0.002), "store_calls_per_s": both(1.0, 0.0),
             "times": {"4": both(t4, [x * 2 for x in t4]), str(1 << 20): both(t1m, t1m)}}
@@ -26,6 +26,7 @@ def test_a_row_takes_the_slowest_rank_per_round_and_the_median_of_the_rest():
     le, gl = row["linkescape"], row["gloo"]
     assert le["init_s"] == 0.3 and gl["init_s"] == 0.6  # the slowest rank
     assert le["links_s"] == 0.6
+    assert le["group_s"] == 0.15 and gl["group_s"] == 0.3  # the slowest rank
     assert le["init_cpu_ms"] == pytest.approx(20.0) and gl["init_cpu_ms"] == pytest.approx(10.0)  # the median rank
     assert le["allreduce_4B_us"] == 25  # worst per round: 15, 30, 25 -> median 25
     assert le["allreduce_1MiB_us"] == 100
@@ -45,7 +46,7 @@ def test_two_ranks_side_by_side_report_every_column(tmp_path):
         rec = rows[0][backend]
         for key, _title, _fmt in scale.COLUMNS:
             assert rec[key] >= 0, (backend, key, rec)
-        assert rec["init_s"] > 0 and rec["allreduce_4B_us"] > 0
+        assert rec["init_s"] > 0 and rec["group_s"] > 0 and rec["allreduce_4B_us"] > 0
     assert rows[0]["linkescape"]["init_cpu_ms"] > 0
     assert rows[0]["linkescape"]["store_calls_per_s_per_rank"] <= 2.0  # the beacon: about one a second (2 s window)
     assert lines[0].startswith("# linkescape bench --scale 2") and lines[2].split("|")[0].strip() == "2"

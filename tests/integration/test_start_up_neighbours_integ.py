@@ -50,6 +50,7 @@ def _job(rank, n, store_dir):
     cfg = Config(timeout=60, connect_timeout=60, connect_at_start="neighbours")
     comm = Communicator(store, rank, n, rails=RAILS, config=cfg)
     try:
+        assert comm.started_together  # start-up ended at the store barrier (torch's group: no other)
         snap = comm.snapshot()["peers"]
         at_start = sorted(p for p, info in snap.items() if any(l["usable"] for l in info["links"]))
         results = []

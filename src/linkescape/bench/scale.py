@@ -10,6 +10,10 @@ side in the same processes:
 - ``init_cpu_ms``: CPU milliseconds the process spent in that init (all its
   threads: ``time.process_time``), the median rank. On a host with fewer cores
   than ranks, init's wall time is about N / cores times this;
+- ``group_s``: from a common start until ``dist.new_group(backend=...)`` returned
+  (the slowest rank): a torch group of each backend, what ``init_process_group``
+  builds (torch's side and the backend's constructor), made once the rest is
+  measured, Gloo's first (linkescape's opens its links after it returns);
 - ``links_s``: from the same start until every link of every rank is up (the
   slowest rank): linkescape opens some of them after init returns (the
   backups; from 16 ranks on, all but the ring neighbours'), so this is what a
@@ -220,6 +224,18 @@ class ScaleRank:
                         calls_by[name]()
                     per[name].append((time.perf_counter() - t0) / iters * 1e6)
             results["times"][str(size)] = per
+        # A torch group of each backend (what init_process_group builds: torch's side, the backend's
+        # constructor), Gloo's first: linkescape's opens its links after it returns, in the background.
+        from ..torch.backend import _autoload
+
+        _autoload()  # what torch's autoload does at `import torch` (the ranks start with it off)
+        results["group"] = {}
+        groups = []
+        for name in BACKENDS[::-1]:
+            self.barrier()
+            t0 = time.perf_counter()
+            groups.append(dist.new_group(backend=name, timeout=datetime.timedelta(seconds=600)))
+            results["group"][name] = time.perf_counter() - t0
         gathered = self.publish("results", results)
         self.barrier()
         comm.close()
@@ -310,6 +326,7 @@ def summarize(n: int, ranks: List[dict]) -> dict:
     row = {"world_size": n}
     for b in BACKENDS:
         rec = {"init_s": max(r["init"][b] for r in ranks),
+               "group_s": max(r["group"][b] for r in ranks),
                "init_cpu_ms": statistics.median(r["init_cpu"][b] for r in ranks) * 1e3,
                "links_s": max(r["links"][b] for r in ranks),
                "idle_cpu_per_rank": statistics.median(r["idle_cpu"][b] for r in ranks),
@@ -325,6 +342,7 @@ def summarize(n: int, ranks: List[dict]) -> dict:
 
 COLUMNS = (("idle_cpu_per_rank", "idle CPU/rank", "{:.4f}"), ("allreduce_4B_us", "4 B us", "{:.0f}"),
            ("allreduce_1MiB_us", "1 MiB us", "{:.0f}"), ("init_s", "init s", "{:.2f}"),
+           ("group_s", "torch group s", "{:.2f}"),
            ("init_cpu_ms", "init CPU ms/rank", "{:.1f}"), ("links_s", "all links up s", "{:.2f}"),
            ("store_calls_per_s_per_rank", "store/s/rank", "{:.2f}"), ("fds_per_rank", "fds/rank", "{:.0f}"))
 
