@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import queue
@@ -208,6 +209,10 @@ class Rank:
         for _ in range(spec.warmup):
             call()
             self.wd.beat += 1
+        # Python's full garbage collections before the timed runs, as timing tools do: the first after
+        # torch's import takes 80-150 ms, and left to chance it fell into a timed run (4 B all_reduce at
+        # 4 ranks: around the 130th of every run, a 55-155 ms outlier in the mean)
+        gc.collect()
         self._phase(f"{backend.name} {op} size {size}: barrier before the timed runs")
         backend.barrier()
         self._phase(f"{backend.name} {op} size {size}: timed runs")
