@@ -230,7 +230,7 @@ class ScaleRank:
 
         _autoload()  # what torch's autoload does at `import torch` (the ranks start with it off)
         results["group"] = {}
-        groups = []
+        groups = []  # (held until destroy_process_group below closes them)
         for name in BACKENDS[::-1]:
             self.barrier()
             t0 = time.perf_counter()
