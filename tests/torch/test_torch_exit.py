@@ -86,6 +86,20 @@ def test_autoload_can_be_disabled():
     assert out.stdout.split() == ["True", "True"], (out.stdout, out.stderr)
 
 
+def test_autoload_says_which_step_failed(monkeypatch, caplog):
+    from linkescape.torch import backend
+
+    # registered, then the process group's import fails: said as such, and the backend stays registered
+    import linkescape.torch
+
+    monkeypatch.setitem(sys.modules, "linkescape.torch.process_group", None)  # (an import of it fails)
+    monkeypatch.delattr(linkescape.torch, "process_group", raising=False)
+    with caplog.at_level("WARNING", logger="linkescape.torch"):
+        backend._autoload()
+    assert backend.is_registered()
+    assert "could not import the process group" in caplog.text, caplog.text
+
+
 def test_autoload_brings_the_process_group_so_init_imports_nothing():
     """The first init_process_group imported the process group's modules: a third of its CPU, and
     at 32 ranks on 2 cores what init waits for. ``import torch`` brings them now."""

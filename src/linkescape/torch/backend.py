@@ -72,12 +72,14 @@ def _autoload() -> None:
     modules come now too (about 2 ms of CPU with their bytecode cached, beside torch's
     second): imported by the first ``init_process_group`` instead, they were a third of
     its CPU, and on a host with more ranks than cores that is what init waits for."""
+    what = "register the torch.distributed backend"
     try:
         if register():
+            what = "import the process group (the first init_process_group imports it)"
             from . import process_group  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - must never break `import torch`
         try:
-            log.warning("linkescape: could not register the torch.distributed backend: %s", exc)
+            log.warning("linkescape: could not %s: %s", what, exc)
         except Exception:  # noqa: BLE001
             pass
 
