@@ -78,7 +78,7 @@ def test_without_peers_now_every_peer_is_built_at_once():
         e.recovery_signal.close()
 
 
-def test_other_threads_looks_build_nothing(eng):
+def test_looks_from_other_threads_build_nothing(eng):
     # Recovery's acceptor asks what we expect from a dialer before its link is adopted, without the
     # engine's lock: a peer not built yet sent us nothing, and building it is the engine's business
     eng.start_links([])

@@ -295,6 +295,7 @@ def test_init_is_a_barrier_once(monkeypatch, mode):
         together = [pg.communicator.started_together for pg in pgs]
         assert together == [mode == "neighbours"] * 3
         assert sorted(calls) == ([] if mode == "neighbours" else [0, 1, 2])
+
         def run(pg, r):
             t = torch.full((4,), float(r))
             pg.allreduce([t]).wait()
