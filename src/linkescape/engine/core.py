@@ -81,16 +81,16 @@ class PeerTable(dict):
     after (``Engine.build_peers``), off the caller's path. ``build`` (the engine's)
     builds one and marks its links for Recovery to open, as start-up's backups are."""
 
-    __slots__ = ("valid", "build")
+    __slots__ = ("ranks", "me", "build")
 
-    def __init__(self, valid: range, me: int, build: Callable[[int], PeerChannel]) -> None:
+    def __init__(self, ranks: range, me: int, build: Callable[[int], PeerChannel]) -> None:
         super().__init__()
-        self.valid = (valid, me)
+        self.ranks = ranks
+        self.me = me
         self.build = build
 
     def __missing__(self, rank: int) -> PeerChannel:
-        valid, me = self.valid
-        if type(rank) is not int or rank == me or rank not in valid:
+        if type(rank) is not int or rank == self.me or rank not in self.ranks:
             raise KeyError(rank)
         return self.build(rank)
 
