@@ -27,13 +27,13 @@ from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIF
 from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
 from ..protocol.railstate import PeerRails
-from ..transport.tcp import ack_now, ack_silence, tcp_info_summary
+from ..transport.tcp import ack_now, ack_silence
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayEnded,
                        Redial, RelayReset, Unreachable)
 from .receiver import Receiver, Unexpected
-from .relay import RELAY_RTO
+from .peer_timers import AVOID_MASK, LOAD_SHIFT, PeerTimers
 from .sender import Sender
 
 log = logging.getLogger("linkescape.engine")
@@ -46,14 +46,6 @@ __all__ = ["PeerChannel", "PeerEnv", "Matcher", "Unexpected", "CAUSE", "failure_
 #: a peer whose links carry nonsense this many times within the window fails the communicator
 PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
-#: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
-RELAY_SILENT = 1.0
-#: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
-HELD_BEATS = 4
-
-#: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
-AVOID_MASK = 0xFF
-LOAD_SHIFT = 8
 #: its arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
 STALE_RAIL_BITS = 8
 INF = float("inf")
@@ -125,7 +117,7 @@ class PeerEnv:
         return self._scratch[:n]
 
 
-class PeerChannel:
+class PeerChannel(PeerTimers):
     def __init__(self, rank: int, env: PeerEnv) -> None:
         self.rank = rank
         self.env = env
@@ -723,259 +715,6 @@ class PeerChannel:
                 self._retry_now(rail)
         if up:
             self.tell_stale()
-
-    # ------------------------------------------------------------ timers
-    def engaged(self) -> bool:
-        """An operation's traffic is pending with this peer: bytes to send or
-        to be acknowledged, or a receive posted."""
-        return self.sender.busy or bool(self.outbound.unacked) or self.receiver.waiting()
-
-    def quiet(self, now: float, watched: bool) -> bool:
-        """Nothing for the timers to do with this peer until it is touched
-        again (traffic, a state change) or the probe budget picks one of
-        its links: no operation's traffic, no ack owed, no bytes of ours
-        waiting for an acknowledgement, and settled (below)."""
-        if watched or self.engaged() or self.inbound.ack_owed:
-            return False
-        for link in self.links:
-            if link is not None and (link.pending_since is not None or link.out):
-                return False
-        return self.settled(now)
-
-    def settled(self, now: float) -> bool:
-        """No fault being handled, no rail in hold-down, the path the policy
-        would choose: the timers of a busy peer run only when one of its
-        deadlines is due (``tick``); an unsettled one is looked at often."""
-        if self._faulted():
-            return False
-        for link in self.links:
-            if link is not None and (link.parked or link.hdr is not None):
-                return False
-        policy = self.env.policy
-        for st in self.status:
-            if st.state is State.UP and not policy.eligible(st, now):
-                return False
-        return policy.choose(self.status, now, 0) == self.active
-
-    def _beat_arg(self) -> int:
-        return (self.avoid & AVOID_MASK) | (min(self.env.relaying, 0xFFFF) << LOAD_SHIFT)
-
-    def _beat(self, link: Optional[Link] = None) -> None:
-        """A heartbeat (our avoid bits and relay load) on ``link``, or on the active path."""
-        if link is None:
-            self.sender.send_control(HEARTBEAT, arg=self._beat_arg())
-        else:
-            self.sender.control(link, HEARTBEAT, arg=self._beat_arg())
-
-    def probe(self, rail: int, now: float) -> Optional[Link]:
-        """Give an idle link something to acknowledge (the probe budget);
-        the link probed, or None."""
-        link = self.links[rail]
-        if link is None or self.status[rail].state is not State.UP or link.out:
-            return None
-        self._beat(link)
-        if link.pending_since is None:
-            link.pending_since = now
-        return link
-
-    def tick(self, now: float, blind: bool, due: float, watched: bool):
-        """The timers of a hot peer: silent-loss detection on every live
-        link, heartbeats on them while an operation's traffic is pending (or
-        the rail is held out: its cleanliness is judged from them, or the
-        peer is watched closely), a link parked for long read on into the
-        stash, the relay's heartbeats and silence, fail-back. Returns (when
-        this peer next needs the timers, ``due`` if nothing is sooner;
-        outcomes)."""
-        due = self.receiver.stash_parked(now, due)
-        cfg = self.env.config
-        hb = cfg.heartbeat_interval
-        engaged = watched or self.engaged()
-        for link in self.links:
-            if link is None or self.status[link.rail].state is not State.UP:
-                continue
-            # silence can only be found on bytes written since the last check
-            # found everything acknowledged, and not before it could pass the timeout
-            if (link.pending_since is not None and (blind or now >= link.silent_at)
-                    and self._silent(link, now, blind)):
-                self.link_down(link, Ev.TIMEOUT, detail=f"no acknowledgement for {now - link.pending_since:.3f}s "
-                                                        f"({self._tcp_summary(link)})")
-                # the other end would find out only at its own next check
-                self._notify(NOTIFY_SILENT, link.rail)
-                continue
-            held = self.avoid >> link.rail & 1
-            beats = engaged or held
-            iv = hb / HELD_BEATS if held else hb  # (a held rail's evidence: see Hold)
-            if beats and now - link.last_sent >= iv and not link.out:
-                self._beat(link)
-            elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:
-                self._follow_up(link)
-            if link.pending_since is not None:
-                due = min(due, link.silent_at)
-                if not beats:
-                    # (a link with bytes queued, its socket full, follows up once they are out)
-                    due = min(due, (max(link.last_sent, now) if link.out else link.last_sent) + hb)
-            if beats:
-                # (a link with bytes queued beats once they are out)
-                due = min(due, max(link.last_sent, now) + iv if link.out else link.last_sent + iv)
-        if self.relay is not None:
-            due = self._relay_tick(now, due)
-        if self.inbound.ack_owed:
-            if now >= self.ack_due:
-                self.sender.send_ack()
-            else:
-                due = min(due, self.ack_due)
-        return due, self._done()
-
-    def _follow_up(self, link: Link) -> None:
-        """Bytes of ours (a probe, the last frames of an operation) went out a
-        heartbeat interval ago on a link that does not beat: acknowledged by
-        now, the link is not watched any more; still waiting, it gets one more
-        frame. A lone segment lost on a healthy path (a queue that overflowed)
-        is sent again by the kernel only after ~250 ms (measured; a loss probe
-        waits out the delayed-ack bound when one segment is in flight, and so
-        does the minimum retransmission timeout): past the silent timeout, so
-        that one loss would read as a dead link. The frame behind it draws
-        the peer kernel's duplicate ack at once (and a fast retransmission),
-        where a dead path stays silent."""
-        try:
-            silent = self.env.ack_silence(link.sock)
-        except OSError:
-            return  # the silence check finds out
-        if silent is None:
-            link.pending_since = None
-        else:
-            self._beat(link)
-
-    def _relay_tick(self, now: float, due: float) -> float:
-        relay = self.relay
-        if now - self.relay_heard > RELAY_SILENT:
-            self._relay_lost(relay.via, "timeout")
-            return due
-        hb = self.env.config.heartbeat_interval
-        if now - relay.last_sent >= hb:
-            self._beat()
-            relay.last_sent = now
-        due = min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
-        out = self.outbound
-        if not out.unacked or out.acked != relay.acked or any(l.out for l in self.sender.links()):
-            relay.acked = out.acked
-            relay.progress_at = now
-            relay.rto = RELAY_RTO
-        elif now + 1e-9 >= relay.progress_at + relay.rto and self.relay_heard > relay.progress_at:
-            # (the peer spoke through the relay since, and its ack did not move: our frames were lost;
-            # a peer that says nothing is starved or gone, and sending again would only add load.
-            # A timer due then may wake a float hair early.)
-            log.info("rank %d via %d: nothing acknowledged for %.3fs with %d frames out: sending them again",
-                     self.rank, relay.via, now - relay.progress_at, len(out.unacked))
-            relay.progress_at = now
-            relay.rto = min(2 * relay.rto, RELAY_SILENT)
-            relay.resent += 1
-            self.sender.replay = True
-            self.sender.pump()
-        if out.unacked:
-            due = min(due, relay.progress_at + relay.rto)
-        return due
-
-    def _tcp_summary(self, link: Link) -> str:
-        try:
-            return tcp_info_summary(link.sock)
-        except OSError as exc:
-            return str(exc)
-
-    def handling(self) -> bool:
-        """A fault is being handled with this peer (no path, a relay, EOF, a
-        rail held out, frames stashed or parked, a link not up): the timers
-        keep their fine cadence for it."""
-        if self._faulted():
-            return True
-        return any(link is None or link.parked or self.status[link.rail].state is not State.UP
-                   for link in self.links)
-
-    def _faulted(self) -> bool:
-        """No path, a relay, EOF, a rail held out (by either end), frames stashed."""
-        return bool(self.no_path_since is not None or self.relay is not None or self.eof_since is not None
-                    or self.avoid or self.peer_avoid or self.receiver.stash)
-
-    def receiving(self) -> bool:
-        """A frame is half read on one of our links (its sender waits for us to read on). A parked
-        DATA frame is not: it waits for a receive to be posted (by a caller, who drives it then, or
-        by an async op, which is work of its own) or for a frame such a receive needs first, and the
-        timers read a long-parked one into the stash. (A parked RELAY frame waits for the relay's
-        window, which acknowledgements on other links open: that is work.)"""
-        for link in self.links:
-            if link is not None and link.hdr is not None and not (link.parked and link.hdr.kind == DATA):
-                return True
-        return False
-
-    def hold_sample(self, link: Link, now: float, retrans_segs: int, data_segs: int):
-        """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
-        hold = self.holds[link.rail]
-        if hold.sample(now, retrans_segs, data_segs):
-            self.avoid &= ~(1 << link.rail)
-            log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, hold.length)
-            self._failback(now)
-        return self._done()
-
-    def degraded(self, link: Link):
-        """The grey-failure verdict (engine): take the link down, hold the rail."""
-        rate = link.grey.last_rate or 0.0
-        ref = link.grey.rail.reference
-        self.link_down(link, Ev.DEGRADED, detail=f"goodput {rate * 8 / 1e6:.1f} Mbit/s against a healthy "
-                                                 f"{ref * 8 / 1e6:.1f} Mbit/s for {link.grey.window:g}s")
-        return self._done()
-
-    def other_clean_rail(self, rail: int) -> bool:
-        held = self.avoid | self.peer_avoid
-        return any(l.rail != rail and not held >> l.rail & 1 for l in self.live_links())
-
-    def _silent(self, link: Link, now: float, blind: bool) -> bool:
-        """Silent loss: our bytes (data or a heartbeat) wait for the peer's
-        kernel to acknowledge them for longer than the silent timeout. Kernel
-        acks keep coming while the peer process is busy, so only the path can
-        trip this. Silence counts from when bytes were first seen waiting,
-        not from the last ack: after a pause the last ack is old although the
-        byte just went out."""
-        try:
-            silent = self.env.ack_silence(link.sock)
-        except OSError:
-            silent = None
-        timeout = self.env.config.silent_timeout
-        if silent is None or blind:
-            link.pending_since = None if silent is None else now
-            link.silent_at = now + timeout
-            return False
-        if link.pending_since is None:
-            link.pending_since = now
-        quiet_for = min(silent, now - link.pending_since)
-        hb = self.env.config.heartbeat_interval
-        if quiet_for > timeout and link.last_sent - link.pending_since < hb / 2 and not link.out:
-            # nothing went out behind the waiting bytes for an interval (a probed link, looked at
-            # late): a lone lost segment waits ~250 ms for the kernel's retransmission. One more
-            # frame first (see _follow_up): its duplicate ack comes at once on a live path.
-            self._beat(link)
-            link.silent_at = now + hb
-            return False
-        # the earliest this silence can pass the timeout: check again then
-        link.silent_at = now + max(timeout - quiet_for, 0.001)
-        return quiet_for > timeout
-
-    def failback(self, now: float):
-        """Move traffic back to a better rail (or from a relay to a rail)
-        once it is eligible again."""
-        self._failback(now)
-        return self._done()
-
-    def _failback(self, now: float) -> None:
-        policy = self.env.policy
-        held = self.avoid | self.peer_avoid
-        if self.relay is not None:
-            new = policy.choose(self.status, now, held)
-            if new and (not self.relay.confirmed or any(policy.eligible(self.status[r], now) for r in new)):
-                self.reroute(now)
-                self.sender.pump()
-        elif self.active and policy.choose(self.status, now, held) != self.active:
-            self.reroute(now)
-            self.sender.pump()
 
     # ------------------------------------------------------------ state for operators
     def snapshot(self, now: float) -> dict:
