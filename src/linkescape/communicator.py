@@ -149,12 +149,13 @@ class Communicator:
         else:
             self._engine = Engine(rank, world_size, len(self.rail_addrs), self.config, self.events)
             self._driver = Driver(self._engine)
-        self._driver.spin = self._spin_budget()
+        self._driver.spin, self._driver.yield_for = self._spin_budget()
         starts = [self._build_peers, self._engine.start] + ([self._recovery.start] if self._recovery is not None
                                                              else [])
         self._start_barrier(lambda gated: self._driver.start_background(also=starts, gated=gated))
         self._attach_observers()
-        log.info("rank %d/%d up on rails %s", rank, world_size, self.rails)
+        log.info("rank %d/%d up on rails %s; a waiting caller busy-polls %.0f us, then yields the core %.0f us, "
+                 "then blocks", rank, world_size, self.rails, self._driver.spin * 1e6, self._driver.yield_for * 1e6)
 
     def _build_peers(self) -> None:
         """(progress thread, first) The peers start-up did not build (``Engine(peers_now=)``)."""
@@ -251,11 +252,14 @@ class Communicator:
         if self._barrier is not None:
             self._recovery.hold_dials()
 
-    def _spin_budget(self) -> float:
-        """Busy-poll only when every rank on this host can have a core: spinning
-        next to a peer that needs the core would only slow it down."""
-        if self.config.spin_us is not None:
-            return self.config.spin_us / 1e6
+    def _spin_budget(self) -> tuple:
+        """(seconds to busy-poll, seconds to poll yielding the core in between) before a waiting
+        caller blocks. Busy-poll only when every rank on this host can have a core: spinning next
+        to a peer that needs the core would only slow it down. Where two ranks share a core (the
+        local ranks outnumber the cores at most two to one), poll with ``sched_yield`` between
+        polls: the core goes to the rank the caller waits for without a sleep and a wake-up, which
+        cost more than the call (docs/benchmarks.md: 4 ranks on 2 cores, 4 B all_reduce ~475 ->
+        ~360 us). With more ranks a core, a yield mostly hands it to another rank that only polls."""
         addrs = getattr(self, "peer_addresses", {})
         mine = self.rail_addrs[0]
         local = 1 + sum(1 for a in addrs.values() if a and a[0][0] == mine)
@@ -263,7 +267,11 @@ class Communicator:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
-        return 50e-6 if local <= cores else 0.0
+        cfg = self.config
+        spin = cfg.spin_us / 1e6 if cfg.spin_us is not None else (50e-6 if local <= cores else 0.0)
+        shared = cores < local <= 2 * cores and hasattr(os, "sched_yield")
+        yield_for = cfg.yield_us / 1e6 if cfg.yield_us is not None else (200e-6 if shared else 0.0)
+        return spin, yield_for
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager

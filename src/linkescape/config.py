@@ -146,6 +146,7 @@ _ENV = {
     "LINKESCAPE_TRACE_BUFFER": ("trace_buffer", lambda v, n: _entries(v, n)),
     "LINKESCAPE_TRACE_DIR": ("trace_dir", lambda v, n: v),
     "LINKESCAPE_SPIN_US": ("spin_us", lambda v, n: float(v)),
+    "LINKESCAPE_YIELD_US": ("yield_us", lambda v, n: float(v)),
     "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
     "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
@@ -219,6 +220,9 @@ class Config:
     #: microseconds to busy-poll before blocking; None: 50 when every local
     #: rank can have a core, else 0
     spin_us: Optional[float] = None
+    #: microseconds to poll with ``sched_yield`` between polls before blocking; None: 200 when the
+    #: local ranks outnumber the cores by at most two to one, else 0
+    yield_us: Optional[float] = None
     tcp_congestion: Optional[str] = None
     socket_buffer: Optional[int] = None
     carrier_watch: bool = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import Callable, Optional, Sequence, TypeVar
 
@@ -45,6 +46,8 @@ class Driver:
         self._gate = threading.Event()
         #: seconds to busy-poll before blocking (0: never)
         self.spin = 0.0
+        #: then seconds to poll with ``sched_yield`` in between before blocking (0: never)
+        self.yield_for = 0.0
         #: the engine deadline the progress thread sleeps until in its idle poll (INF while it is
         #: about to compute it, 0.0 while it is not in one): a thread that made a round under
         #: ``locked()`` and moved the deadline sooner must wake it
@@ -176,6 +179,21 @@ class Driver:
                     eng.progress_once(0.0)
                 if op.done:
                     break
+            if self.yield_for and left > 0:
+                # A core shared with the rank we wait for: hand it over and look again, rather
+                # than sleep in poll and be woken (see Communicator._spin_budget).
+                clock = self.engine.clock
+                yield_end = now + min(self.yield_for, left)
+                while True:
+                    os.sched_yield()
+                    eng.progress_once(0.0)
+                    if op.done or self._waiters or clock.now() >= yield_end:
+                        break
+                if op.done:
+                    break
+                left -= clock.now() - now
+                if self._waiters or left <= 0:
+                    continue  # (let it in; or the timers are due: the loop's checks again)
             eng.progress_once(left)
         return True
 
