@@ -4,7 +4,6 @@ in the driver's rounds and yields on a scripted engine, not timed."""
 
 from __future__ import annotations
 
-import time
 import types
 
 import pytest

@@ -4,7 +4,8 @@ while an operation's traffic is pending (or a rail is held out), the follow-up f
 probe, the relay's heartbeats, silence and resends, the grey-failure hold's samples, fail-back.
 
 Nothing here runs per idle link: a peer is looked at only while the engine keeps it hot (traffic,
-a fault, a probe's acknowledgement awaited); see docs/architecture.md, "Costs as a function of N".
+a fault, a probe's acknowledgement awaited); see docs/architecture.md, "What a rank costs, as a
+function of N".
 """
 
 from __future__ import annotations
