@@ -187,6 +187,28 @@ def test_a_step_during_an_undetected_lossy_rail_allows_the_grey_failure_detectio
     assert res["violation_count"] == 1
 
 
+def test_an_idle_link_of_a_blackholed_nic_is_found_from_its_first_use():
+    # seed 1, 60 s (make test, 2026-12-05): h1r0 blackholed at 50.36 s; the links 1-0 and 1-3 on it were
+    # left 250 ms later, but 1-2 was idle and was only found 200 ms after a step began to use it at
+    # 50.62 s (its stall: 190 ms). No link is heartbeated for nothing, so the step could not know sooner.
+    bh = [{"kind": "blackhole", "host": 1, "rail": 0, "at": 10.0, "hold": 3.0}]
+    full = 0.1 + SILENT + HB + 0.01
+    # 1-0 left at 10.25 (rank 1's end); 1-2 left at 10.45, at rank 2's end only: left all the same
+    found = {1: [{"ts": T0 + 10.25, "event": "link_down", "peer": 0, "rail": 0, "cause": "timeout"}],
+             2: [{"ts": T0 + 10.45, "event": "link_down", "peer": 1, "rail": 0, "cause": "timeout"}]}
+    res, rows = _run(bh, [_step(1, 10.3, 0.3)], hosts=3, events=found)  # 1-2 still up: a whole detection
+    assert rows[1]["condition"] == "path_left" and rows[1]["bound"] == pytest.approx(full)
+    assert res["violation_count"] == 0
+    res, rows = _run(bh, [_step(1, 10.3, 0.45)], hosts=3, events=found)
+    assert res["violation_count"] == 1 and rows[1]["violation"]
+    # once every link of the NIC has been left, only what is left of the onset's detection (none): 100 ms
+    res, rows = _run(bh, [_step(1, 10.5, 0.3)], hosts=3, events=found)
+    assert rows[1]["condition"] == "path_left" and rows[1]["bound"] == pytest.approx(0.1)
+    assert res["violation_count"] == 1
+    res, rows = _run(bh, [_step(1, 10.5, 0.05)], hosts=3, events=found)
+    assert res["violation_count"] == 0
+
+
 def test_a_link_reopened_on_a_still_lossy_nic_is_in_use_again():
     # seed 179, 1 h: a cross cut took h3r0's link down while h3r0 was lossy; the cut's repair re-opened the
     # link on the still-lossy NIC, and a 4 B ring step crawled 1.0 s on it (TCP retransmissions) before

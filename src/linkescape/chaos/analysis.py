@@ -29,7 +29,13 @@ Definitions (the report repeats them):
     step, and what was left at its start of the detection of faults that began
     before it: cut/flap by carrier ``CUT_DETECT`` s, blackhole by silence
     (silent timeout + one heartbeat + a 10 ms tick), lossy by grey-failure
-    detection ``LOSSY_DETECT`` s. With no fault at all: 100 ms.
+    detection ``LOSSY_DETECT`` s. With no fault at all: 100 ms. A link idle
+    when its NIC was blackholed is found only once it is used (no link is
+    heartbeated for nothing: issue 22), so while some link of a blackholed NIC
+    is still up at both ends (:func:`nic_in_use`), a step may take a whole
+    silent detection from its own start (seed 1, 60 s: a pair idle 300 ms
+    into a blackhole of one of its NICs, then found 200 ms after its first
+    send, while the others of that NIC had been left at once).
   - *lossy path left*: a lossy NIC was in use (some link of it was up at both
     ends: not yet left, or re-opened while the NIC was still lossy) while every pair kept a clean rail: TCP itself
     stalls on the lossy path until the library leaves it, so the bound is
@@ -213,6 +219,7 @@ def stalls(steps: Mapping[int, Sequence[Mapping[str, Any]]], intervals: Sequence
     ctx.returns = Spans((e["ts"], e["ts"]) for evs in (events or {}).values() for e in evs
                         if e.get("event") in ("failback", "link_up"))
     ctx.lossy = Spans(lossy_in_use(intervals, events or {}, world))
+    ctx.silent = Spans(nic_in_use(intervals, events or {}, world, "blackhole"))
     spans = fault_spans(runner_log)
     rows: List[Dict[str, Any]] = []
     for rank, recs in steps.items():
@@ -275,10 +282,17 @@ def baseline_noise(rows: Sequence[Mapping[str, Any]], judged_steps: int = 0) -> 
 
 def lossy_in_use(intervals: Sequence[Interval], events: Mapping[int, Sequence[Mapping[str, Any]]],
                  world: int) -> List[Tuple[float, float]]:
-    """The stretches in which a lossy NIC (as applied) still carried traffic: some link of it (host h to
-    another rank, on its rail; hosts are ranks) was up at both ends. A link is left from a ``link_down``
-    at either end until that end's next ``link_up``; a link re-opened while the NIC is still lossy (after
-    a cut of it, say) is in use again, and TCP crawls on it until the library leaves it once more."""
+    """The stretches in which a lossy NIC (as applied) still carried traffic (:func:`nic_in_use`): TCP
+    crawls on a link re-opened while the NIC is still lossy (after a cut of it, say) until the library
+    leaves it once more."""
+    return nic_in_use(intervals, events, world, "lossy")
+
+
+def nic_in_use(intervals: Sequence[Interval], events: Mapping[int, Sequence[Mapping[str, Any]]],
+               world: int, mechanism: str) -> List[Tuple[float, float]]:
+    """The stretches in which a NIC that ``mechanism`` (as applied) made lossy or silent still had a link
+    the library had not left: some link of it (host h to another rank, on its rail; hosts are ranks) was
+    up at both ends. A link is left from a ``link_down`` at either end until that end's next ``link_up``."""
     trail: Dict[Tuple[int, int, int], Tuple[List[float], List[bool]]] = {}
     for rank, evs in events.items():
         for e in evs:
@@ -308,7 +322,7 @@ def lossy_in_use(intervals: Sequence[Interval], events: Mapping[int, Sequence[Ma
 
     out: List[Tuple[float, float]] = []
     for t0, t1, h, r, mech in intervals:
-        if mech != "lossy":
+        if mech != mechanism:
             continue
         for p in range(world):
             if p == h:
@@ -338,6 +352,8 @@ class _Context:
         self.max_det = max([silent + heartbeat + TICK, CUT_DETECT, LOSSY_DETECT])
         self.returns = Spans(())  # failback and link_up events
         self.lossy = Spans(())  # when a lossy NIC still carried traffic (:func:`lossy_in_use`)
+        self.silent = Spans(())  # when a blackholed NIC still had a link not left (:func:`nic_in_use`)
+        self.silent_det = detect_time("blackhole", silent, heartbeat)
 
     def outages(self, a: float, b: float) -> List[Tuple[float, float, str]]:
         lo = int(np.searchsorted(self.t_ends, a, side="right"))
@@ -376,6 +392,9 @@ def _judge(rank: int, rec: Mapping[str, Any], normals, ctx: _Context, world, rat
         # (counted once, from the step's start), not the silent timeout.
         lead_lossy = ctx.detection_in(t0, t1, lead=True) - _lossy_part(ctx, t0, t1)
         det = lead_lossy + LOSSY_DETECT
+    if ctx.silent.overlaps(t0, t1):
+        # a link of a blackholed NIC not yet left: if it was idle, its detection starts with this step
+        det = max(det, ctx.silent_det)
     bound = STALL_SLACK + det
     # An outage during the step, or one that ended less than NO_PATH_RESUME before it (the library
     # may still be re-opening links), allows the step to end up to 1.5 s after the path came back.
