@@ -25,7 +25,8 @@ DEFINITIONS = {
                        "that began during the step, + what was left at the step's start of the detection of faults "
                        f"begun before it (cut/flap: {analysis.CUT_DETECT * 1000:.0f} ms; blackhole: silent timeout + "
                        f"heartbeat + 10 ms; lossy: {analysis.LOSSY_DETECT:g} s, the grey-failure detection); "
-                       "no fault: 100 ms",
+                       "while a blackholed NIC still has a link up at both ends, a whole blackhole detection from the "
+                       "step's start (an idle link is found only once used); no fault: 100 ms",
     "bound_lossy_path_left": "a lossy NIC was still in use (some link of it up at both ends: not yet left, or re-opened "
                              "while still lossy) while every pair kept a "
                              f"clean rail: stall <= 100 ms + {analysis.LOSSY_DETECT:g} s (+ other detections): TCP "
