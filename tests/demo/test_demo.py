@@ -138,7 +138,8 @@ def test_demo_testbed(tmp_path):
     # the testbed is gone (its own namespaces: another demo test may run beside this one)
     assert not [n for n in list_netns() if n.startswith(tb["name"] + "-")], tb
     assert not find_leftovers(tb["name"])
-    assert wall < 120, f"testbed demo took {wall:.0f}s"
+    # (beside the rest of make test on 2 cores: 94 and 99 s, 2026-12-05)
+    assert wall < 150, f"testbed demo took {wall:.0f}s"
 
 
 # ------------------------------------------------------------------ parts
