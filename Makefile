@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch: exactly the CPU build (an unpinned torch pulls a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,demo,metrics,plot]'
+	$(BIN)/pip install -q -e '.[dev,demo,metrics,plot,torchft]'
 	touch $(STAMP)
 
 venv: $(STAMP)
