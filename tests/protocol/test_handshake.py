@@ -62,10 +62,11 @@ def test_both_sides_prove_the_key_and_agree_on_the_link(step):
     assert (d_est.peer, d_est.rail, d_est.epoch, d_est.peer_expected) == (0, 1, 5, 9)
     assert (a_est.peer, a_est.rail, a_est.epoch, a_est.peer_expected) == (2, 1, 5, 17)
     assert proved == Proved(peer=2, rail=1, epoch=5, peer_expected=17)
-    # both ends hold the same key of this link alone (frame MACs), and it is fresh
-    assert len(d_est.link_key) == 32 and d_est.link_key == a_est.link_key
+    # both ends hold the keys of this link alone (frame MACs), one per direction, swapped, and they are fresh
+    assert len(d_est.link_key.send) == 32 and d_est.link_key == a_est.link_key.swapped()
+    assert d_est.link_key.send != d_est.link_key.recv
     d2_est, a2_est, _, _ = run(dialer(), acceptor(), step=step)
-    assert d2_est.link_key == a2_est.link_key != d_est.link_key
+    assert d2_est.link_key == a2_est.link_key.swapped() != d_est.link_key
     assert d.done and a.done and d.want() == 0 and a.want() == 0
     assert [len(m) for _, m in wire] == [HELLO_SIZE, CHALLENGE.size, PROOF.size, ACCEPT.size]
 

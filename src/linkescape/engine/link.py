@@ -79,7 +79,7 @@ class Link:
                  "frames_received", "open", "mac", "whole", "grey_sent")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float,
-                 mac_key: Optional[bytes] = None):
+                 mac_key=None):
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
@@ -113,7 +113,8 @@ class Link:
         self.grey = None  # its goodput watch (set by its peer)
         self.grey_sent = 0  # bytes_sent at its last goodput sample
         #: frame MACs (LINKESCAPE_FRAME_AUTH): every frame carries a tag, and
-        #: is read whole (``whole``: header, payload, tag) before it is acted on
+        #: is read whole (``whole``: header, payload, tag) before it is acted on;
+        #: ``mac_key``: this side's ``handshake.FrameKeys`` (one key per direction)
         self.mac: Optional[FrameMac] = FrameMac(mac_key) if mac_key else None
         self.whole: Optional[memoryview] = None
 

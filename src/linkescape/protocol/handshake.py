@@ -27,9 +27,14 @@ Rules:
   a holder of its key. One that does not verify is a forged REJECT or an
   acceptor with another key, and the dialer cannot tell which
   (``UnverifiedReject``, "rejected (unverified)").
-- Once established, both sides hold a key of this link alone,
-  ``link_key = HMAC-SHA256(key, "frames" | job | nonce_d | nonce_a | src | dst
-  | rail | epoch)``: what ``LINKESCAPE_FRAME_AUTH`` MACs every frame with.
+- Once established, both sides hold two keys of this link alone, one per
+  direction (``link_keys``: HKDF-SHA256, RFC 5869, as WireGuard and TLS derive
+  theirs): extract with both nonces as the salt and the job's key as the
+  input, expand with a label that names the direction (dialer to acceptor,
+  acceptor to dialer), the job, both ranks, the rail and the epoch. What
+  ``LINKESCAPE_FRAME_AUTH`` MACs every frame with: a frame sent back to its
+  sender (reflected), replayed on a re-dial (fresh nonces) or moved to
+  another link (other nonces, rail, ranks) fails its MAC.
 - Every message has a fixed size and starts with magic, version and type: a
   decoder never holds more than one message (the largest is ``HELLO_SIZE``),
   whatever the bytes say, and asks for exactly the bytes it needs (``want``),
@@ -54,9 +59,9 @@ from typing import Callable, List, Optional, Tuple
 from ..errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
 
 MAGIC = 0x4C4E4B45  # "LNKE"
-#: 3: the HELLO carries mac_h and the REJECT mac_r (2: challenge-response;
-#: 1 was a plain Hello answered with a Hello)
-VERSION = 3
+#: 4: frame keys per direction (HKDF); 3: the HELLO carries mac_h and the
+#: REJECT mac_r (2: challenge-response; 1 was a plain Hello answered with a Hello)
+VERSION = 4
 NONCE_SIZE = 32
 MAC_SIZE = 32
 JOB_SIZE = 32
@@ -239,13 +244,59 @@ class Established:
     rail: int
     epoch: int
     peer_expected: int
-    #: the key of this link alone (the frames' MACs), from both nonces
-    link_key: bytes = b""
+    #: the keys of this link alone (the frames' MACs, one per direction), from both nonces
+    link_key: Optional["FrameKeys"] = None
 
 
-def link_key(key: bytes, hello: "Hello", nonce_a: bytes) -> bytes:
-    """The key of one link: both nonces make it fresh, the fields bind it."""
-    return proof(key, b"frames", hello.job, hello.nonce, nonce_a, hello.src, hello.dst, hello.rail, hello.epoch, 0)
+class FrameKeys:
+    """One side's two frame keys of one link: ``send`` MACs what this side
+    writes, ``recv`` checks what it reads (the other side holds them swapped).
+    Never printed."""
+
+    __slots__ = ("send", "recv")
+
+    def __init__(self, send: bytes, recv: bytes) -> None:
+        if len(send) < 16 or len(recv) < 16:
+            raise ValueError("a frame key needs at least 16 bytes")
+        if hmac.compare_digest(send, recv):
+            raise ValueError("the two directions of a link need two keys")
+        self.send = bytes(send)
+        self.recv = bytes(recv)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FrameKeys) and hmac.compare_digest(self.send + self.recv, other.send + other.recv)
+
+    def __hash__(self) -> int:
+        return hash(self.send)
+
+    def __repr__(self) -> str:  # never the keys
+        return "FrameKeys(...)"
+
+    def swapped(self) -> "FrameKeys":
+        return FrameKeys(self.recv, self.send)
+
+
+def hkdf(ikm: bytes, salt: bytes, info: bytes, size: int = 32) -> bytes:
+    """HKDF-SHA256 (RFC 5869): extract with ``salt``, expand with ``info``."""
+    prk = hmac.digest(salt or bytes(32), ikm, "sha256")
+    out, block, i = b"", b"", 1
+    while len(out) < size:
+        block = hmac.digest(prk, block + info + bytes([i]), "sha256")
+        out += block
+        i += 1
+    return out[:size]
+
+
+def link_keys(key: bytes, hello: "Hello", nonce_a: bytes, dialer: bool) -> FrameKeys:
+    """The frame keys of one link, one per direction, for the dialer's side
+    (``dialer``) or the acceptor's: both nonces make them fresh, the
+    direction, job, ranks, rail and epoch bind them."""
+    job = _job(hello.job)
+    fields = bytes([len(job)]) + job + _FIELDS.pack(hello.src, hello.dst, hello.rail, hello.epoch, 0)
+    salt = hello.nonce + nonce_a
+    d2a = hkdf(key, salt, _DOMAIN + b"frames dialer->acceptor\0" + fields)
+    a2d = hkdf(key, salt, _DOMAIN + b"frames acceptor->dialer\0" + fields)
+    return FrameKeys(d2a, a2d) if dialer else FrameKeys(a2d, d2a)
 
 
 class _Side:
@@ -357,7 +408,7 @@ class DialerHandshake(_Side):
         if epoch != h.epoch:
             raise self._fail(HandshakeError(f"rank {h.dst} accepted epoch {epoch}, not {h.epoch}"))
         self.state = "established"
-        return Established(h.dst, h.rail, h.epoch, expected, link_key(self.key, h, self.nonce_a))
+        return Established(h.dst, h.rail, h.epoch, expected, link_keys(self.key, h, self.nonce_a, dialer=True))
 
     def _rejected(self, raw: bytes) -> HandshakeError:
         """What a REJECT tells: only a REJECT that verifies with our key says
@@ -453,8 +504,9 @@ class AcceptorHandshake(_Side):
         return Established(h.src, h.rail, h.epoch, h.expected, self.link_key)
 
     @property
-    def link_key(self) -> bytes:
-        return link_key(self.key, self.hello, self.nonce_a)
+    def link_key(self) -> FrameKeys:
+        """This (the accepting) side's frame keys."""
+        return link_keys(self.key, self.hello, self.nonce_a, dialer=False)
 
     def refuse(self, why: str) -> HandshakeError:
         """Turn down a proved dialer (stale epoch, rail down): queue REJECT."""
@@ -502,4 +554,4 @@ def decode_messages(data, allowed=tuple(Msg)) -> List[Tuple[Msg, bytes]]:
 
 __all__ = ["MAGIC", "VERSION", "HELLO", "HELLO_SIZE", "Hello", "Msg", "Reject", "proof", "hello_mac", "reject_mac",
            "MessageReader",
-           "Proved", "Established", "DialerHandshake", "AcceptorHandshake", "LinkAuth", "decode_messages"]
+           "Proved", "Established", "FrameKeys", "hkdf", "link_keys", "DialerHandshake", "AcceptorHandshake", "LinkAuth", "decode_messages"]
