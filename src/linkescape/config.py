@@ -39,7 +39,7 @@ def _seconds(value: str, name: str) -> float:
         out = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
-    if out <= 0:
+    if not out > 0:  # also refuses nan
         raise ConfigError(f"{name}={value!r} must be positive")
     return out
 
@@ -59,7 +59,7 @@ def _size(value: str, name: str) -> int:
             break
     try:
         out = int(float(text) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise ConfigError(f"{name}={value!r} is not a size") from None
     if out <= 0:
         raise ConfigError(f"{name}={value!r} must be positive")
@@ -71,7 +71,7 @@ def _millis_or_zero(value: str, name: str) -> float:
         out = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not a number of milliseconds") from None
-    if out < 0:
+    if not out >= 0:
         raise ConfigError(f"{name}={value!r} must be 0 (the kernel's) or more")
     return out / 1000.0
 
@@ -120,6 +120,28 @@ def _entries(value: str, name: str) -> int:
     return out
 
 
+def _micros(value: str, name: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number of microseconds") from None
+    if not out >= 0 or out == float("inf"):  # also refuses nan
+        raise ConfigError(f"{name}={value!r} must be 0 (off) or more")
+    return out
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(value: str, name: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not one of 1/0, true/false, yes/no, on/off")
+
+
 # env var -> (field, parser)
 _ENV = {
     "LINKESCAPE_RAILS": ("rails", lambda v, n: _parse_rails(v)),
@@ -145,13 +167,13 @@ _ENV = {
     "LINKESCAPE_METRICS_ADDR": ("metrics_addr", lambda v, n: v.strip()),
     "LINKESCAPE_TRACE_BUFFER": ("trace_buffer", lambda v, n: _entries(v, n)),
     "LINKESCAPE_TRACE_DIR": ("trace_dir", lambda v, n: v),
-    "LINKESCAPE_SPIN_US": ("spin_us", lambda v, n: float(v)),
-    "LINKESCAPE_YIELD_US": ("yield_us", lambda v, n: float(v)),
+    "LINKESCAPE_SPIN_US": ("spin_us", _micros),
+    "LINKESCAPE_YIELD_US": ("yield_us", _micros),
     "LINKESCAPE_TCP_CONGESTION": ("tcp_congestion", lambda v, n: v.strip() or None),
     "LINKESCAPE_SOCKET_BUFFER": ("socket_buffer", _size),
-    "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
-    "LINKESCAPE_MALLOC_TRIM": ("malloc_trim", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
-    "LINKESCAPE_MALLOC_THRESHOLDS": ("malloc_thresholds", lambda v, n: v.strip() not in ("0", "false", "no", "off")),
+    "LINKESCAPE_CARRIER_WATCH": ("carrier_watch", _flag),
+    "LINKESCAPE_MALLOC_TRIM": ("malloc_trim", _flag),
+    "LINKESCAPE_MALLOC_THRESHOLDS": ("malloc_thresholds", _flag),
     "LINKESCAPE_AUTH_KEY": ("auth_key", lambda v, n: v),
     "LINKESCAPE_AUTH_KEY_FILE": ("auth_key_file", lambda v, n: v),
     "LINKESCAPE_AUTH": ("auth", lambda v, n: v.strip().lower()),
@@ -164,8 +186,8 @@ _ENV = {
     "LINKESCAPE_MAX_UNEXPECTED": ("max_unexpected", lambda v, n: _count(v, n)),
     "LINKESCAPE_RELAY_WINDOW": ("relay_window", _size),
     "LINKESCAPE_TCP_RTO_MIN_MS": ("tcp_rto_min", lambda v, n: _millis_or_zero(v, n)),
-    "LINKESCAPE_FRAME_AUTH": ("frame_auth", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
-    "LINKESCAPE_EAGER_BACKUPS": ("eager_backups", lambda v, n: v.strip() not in ("0", "false", "no", "off", "")),
+    "LINKESCAPE_FRAME_AUTH": ("frame_auth", _flag),
+    "LINKESCAPE_EAGER_BACKUPS": ("eager_backups", _flag),
     "LINKESCAPE_CONNECT_AT_START": ("connect_at_start", lambda v, n: v.strip().lower()),
 }
 
@@ -282,6 +304,10 @@ class Config:
             raise ConfigError(f"chunk_bytes={self.chunk_bytes} must be a positive multiple of 64")
         if not self.probe_rate > 0:
             raise ConfigError(f"probe_rate={self.probe_rate} must be positive")
+        for name in ("spin_us", "yield_us"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ConfigError(f"{name}={value} must be 0 (off) or more")
         for name in ("timeout", "connect_timeout", "heartbeat_interval", "silent_timeout",
                      "failback_holddown", "reconnect_max", "no_path_timeout", "peer_lost_timeout"):
             if getattr(self, name) <= 0:
