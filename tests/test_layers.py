@@ -20,7 +20,7 @@ FLOORS = [
     {"communicator", "rendezvous"},
 ]
 # (jsonl and extras import nothing of linkescape)
-SHARED = {"errors", "config", "events", "log", "store", "auth", "ops", "jsonl", "extras"}
+SHARED = {"errors", "config", "events", "log", "store", "auth", "ops", "jsonl", "extras", "private"}
 
 
 def _floor(top: str) -> int:

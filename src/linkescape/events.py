@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
 
 from . import jsonl
+from .private import open_private
 
 # ----------------------------------------------------------------- contract
 LINK_DOWN = "link_down"
@@ -87,8 +88,10 @@ class EventLog:
         self._fd: Optional[int] = None
         if self.path:
             parent = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(parent, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if not os.path.isdir(parent):
+                os.makedirs(parent, 0o700, exist_ok=True)
+            # 0600, never through a symlink, only a regular file of ours (issue 48)
+            self._fd = open_private(self.path, "a")
 
     @classmethod
     def from_env(cls, rank: int, environ: Optional[Mapping[str, str]] = None, **kwargs) -> "EventLog":

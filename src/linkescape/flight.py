@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -28,6 +29,8 @@ import threading
 import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .private import write_private
 
 log = logging.getLogger("linkescape.flight")
 
@@ -417,13 +420,14 @@ class FlightRecorder:
             n = self._dumps
         try:
             data = self.build(reason, error)
-            os.makedirs(directory, exist_ok=True)
+            if not os.path.isdir(directory):
+                os.makedirs(directory, 0o700, exist_ok=True)
             tag = (self.job or "nojob")[:8]
-            path = os.path.join(directory, f"trace-{tag}-rank{self.rank}-{os.getpid()}-{n}-{reason}.json")
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, default=str, separators=(",", ":"))
-            os.replace(tmp, path)
+            # an unpredictable name (the directory may be shared), written 0600 into a
+            # temporary file made exclusively, linked into place: never through a planted link
+            path = os.path.join(directory, f"trace-{tag}-rank{self.rank}-{os.getpid()}-{n}-{secrets.token_hex(4)}-"
+                                           f"{reason}.json")
+            write_private(path, json.dumps(data, default=str, separators=(",", ":")), replace=False)
         except Exception:  # noqa: BLE001 - a dump must never take the job down
             log.exception("flight recorder: dump (%s) failed", reason)
             return None

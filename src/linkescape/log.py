@@ -22,6 +22,7 @@ import threading
 from typing import Mapping, Optional
 
 from .errors import ConfigError
+from .private import open_private_file
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -110,6 +111,14 @@ class NcclFormatter(logging.Formatter):
         return f"{_HOSTNAME}:{record.process}:{threading.get_native_id()} [{rank}] LINKESCAPE {level} {message}"
 
 
+class _PrivateFileHandler(logging.FileHandler):
+    """A log file opened 0600, never through a symlink, only our own regular
+    file (issue 48: root may log into a directory others write)."""
+
+    def _open(self):
+        return open_private_file(self.baseFilename, "a", encoding=self.encoding)
+
+
 def _our_handler(logger: logging.Logger) -> Optional[logging.Handler]:
     for h in logger.handlers:
         if getattr(h, "_linkescape", False):
@@ -147,8 +156,9 @@ def setup_logging(rank: Optional[int] = None, environ: Optional[Mapping[str, str
         if replace:
             if path is not None:
                 parent = os.path.dirname(os.path.abspath(path))
-                os.makedirs(parent, exist_ok=True)
-                new: logging.Handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+                if not os.path.isdir(parent):
+                    os.makedirs(parent, 0o700, exist_ok=True)
+                new: logging.Handler = _PrivateFileHandler(path, mode="a", encoding="utf-8")
             else:
                 new = logging.StreamHandler(wanted_stream)
             new._linkescape = True  # type: ignore[attr-defined]

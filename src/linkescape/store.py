@@ -7,7 +7,11 @@ Keys are files in a directory shared by the ranks (one machine or a shared FS).
 The store holds the job's per-job secret (``linkescape/secret/<job>``): a
 directory it creates is 0700 and every value is written 0600 (a temporary
 file created exclusively with that mode, then renamed into place), so other
-users of the machine read nothing of it.
+users of the machine read nothing of it. A directory that exists already
+(made by the launcher, or by another rank) is used only if nobody else can
+write it (a real directory, ours or root's, no write bit for group or others:
+``ConfigError`` otherwise, as OpenSSH's StrictModes refuses such a home).
+A value is read without following a symlink and at most ``MAX_VALUE`` bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import time
 from typing import Iterable
 
 from .errors import RendezvousError
+from .private import check_private_dir
+
+#: the largest value ``get`` reads (linkescape's values are a few hundred bytes)
+MAX_VALUE = 1 << 20
 
 
 class FileStore:
@@ -29,8 +37,8 @@ class FileStore:
         os.makedirs(parent, exist_ok=True)
         try:
             os.mkdir(path, 0o700)
-        except FileExistsError:  # another rank made it, or the launcher did: theirs to set
-            pass
+        except FileExistsError:  # another rank made it, or the launcher did: only if others cannot write it
+            check_private_dir(path)
         else:
             os.chmod(path, 0o700)  # whatever the umask
 
@@ -65,9 +73,17 @@ class FileStore:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                with open(self._file(key), "rb") as f:
-                    return f.read()
+                fd = os.open(self._file(key), os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
             except FileNotFoundError:
                 if time.monotonic() > deadline:
                     raise RendezvousError(f"key {key!r} never appeared in {self.path}") from None
                 time.sleep(0.002)
+                continue
+            except OSError as exc:
+                raise RendezvousError(f"key {key!r} in {self.path}: {exc.strerror} (a symlink is never followed)") \
+                    from None
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_VALUE + 1)
+            if len(data) > MAX_VALUE:
+                raise RendezvousError(f"key {key!r} in {self.path} holds more than {MAX_VALUE} bytes: refused")
+            return data

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..private import open_private_file, private_dir, redact_env, write_private
 from .. import jsonl
 from ..faults import (KINDS, ISOLATE_BOUND, Schedule, ScheduleError, ScheduleRunner, TestbedInjector, concatenate,
                       random_schedule, unrelayable_stretches)
@@ -147,10 +148,12 @@ def no_path_deadline(opts: ChaosOptions, schedule: Schedule) -> Tuple[Optional[f
 
 
 def run_dir(opts: ChaosOptions) -> str:
-    path = opts.out or os.path.join("/tmp", f"linkescape-chaos-s{opts.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, 0o777)
-    return path
+    """The run directory: ``--out`` (made 0700, or one of ours that only we
+    may write), or a fresh one with an unpredictable name in the temporary
+    directory (root writes fixed names in it: issue 48)."""
+    if opts.out:
+        return private_dir(opts.out)
+    return private_dir(None, prefix=f"linkescape-chaos-s{opts.seed}-{time.strftime('%Y%m%d-%H%M%S')}-")
 
 
 def library_version() -> Dict[str, Any]:
@@ -224,18 +227,19 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
                        "longest_unrelayable_planned_s": longest,
                        "crosses": len(crosses), "crosses_longer": sum(1 for f in crosses
                                                                      if f.hold > cfg.no_path_timeout)}
-    with open(os.path.join(rdir, "run.json"), "w") as fh:
+    with open_private_file(os.path.join(rdir, "run.json"), "w") as fh:
         json.dump(data, fh, default=str)
     report = build_report(data, schedule)
     report["options"] = {k: v for k, v in asdict(opts).items() if k not in ("schedule",)}
+    if isinstance(report["options"].get("env"), dict):  # never a secret in a report
+        report["options"]["env"] = redact_env(report["options"]["env"])
     report["command"] = opts.command or " ".join(shlex.quote(a) for a in sys.argv)
     pngs = [os.path.join(rdir, "rss.png")]
     if opts.json_path:
         pngs.append(os.path.splitext(opts.json_path)[0] + "-rss.png")
     write_plots(report, pngs)
     for path in [os.path.join(rdir, "report.json")] + ([opts.json_path] if opts.json_path else []):
-        with open(path, "w") as fh:
-            json.dump(report, fh, indent=1, default=str)
+        write_private(path, json.dumps(report, indent=1, default=str))
     return report
 
 
@@ -254,8 +258,8 @@ class _Soak:
         from ..testbed.netns import temporary_testbed
 
         opts = self.opts
-        open(os.path.join(self.rdir, "faults.jsonl"), "w").close()
-        open(self.resource_log, "w").close()
+        open_private_file(os.path.join(self.rdir, "faults.jsonl"), "w").close()
+        open_private_file(self.resource_log, "w").close()
         with temporary_testbed(opts.hosts, opts.rails, rate=opts.rate, prefix="ch") as tb:
             self.env["LINKESCAPE_RAILS"] = ",".join(tb.rail_nics)
             for i, part in enumerate(self.plan):

@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonl
+from ..private import redact_env
 from ..tools.timeline import (DETECT_EVENTS, NOT_SEEN, draw_timeline, fault_timing, format_ms,  # noqa: F401
                               related, relay_intervals, relay_pairs)
 
@@ -124,7 +125,7 @@ def _header(opts, info: Dict[str, Any]) -> Dict[str, Any]:
     env = {k: v for k, v in {**os.environ, **job_env(opts.out)}.items()
            if k.startswith("LINKESCAPE_") and k not in ("LINKESCAPE_EVENTS", "LINKESCAPE_RAILS")}
     cfg = Config.from_env(env)
-    rep["library_settings"] = {"env": env, "silent_timeout_ms": round(cfg.silent_timeout * 1000),
+    rep["library_settings"] = {"env": redact_env(env), "silent_timeout_ms": round(cfg.silent_timeout * 1000),
                                "failback_holddown_ms": round(cfg.failback_holddown * 1000),
                                "heartbeat_ms": round(cfg.heartbeat_interval * 1000),
                                "no_path_timeout_s": cfg.no_path_timeout}

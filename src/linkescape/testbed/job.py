@@ -36,6 +36,7 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from ..private import open_private, open_private_file, private_dir
 from ..jsonl import Tail, parse, read as read_jsonl
 from .netns import Testbed
 
@@ -80,9 +81,9 @@ class RankJob:
         if len(self.hosts) != self.world:
             raise ValueError(f"{self.world} commands for {len(self.hosts)} hosts")
         self._own_dir = workdir is None
-        self.dir = workdir or tempfile.mkdtemp(prefix="linkescape-job-")
-        os.makedirs(self.dir, exist_ok=True)
-        os.chmod(self.dir, 0o777)  # ranks may drop privileges; the stores live here
+        # private (0700, ours, not a symlink): root writes fixed names in it,
+        # and the stores (the job's secret) live here (issue 48)
+        self.dir = private_dir(workdir, prefix="linkescape-job-")
         self.stop_file = os.path.join(self.dir, "stop")
         self.events_tmpl = events
         self.tails = [Tail(events.replace("{rank}", str(r))) for r in range(self.world)] if events else []
@@ -98,7 +99,7 @@ class RankJob:
         self.procs: List[subprocess.Popen] = []
         self._cond = threading.Condition()
         self._threads: List[threading.Thread] = []
-        self._log: Optional[IO[bytes]] = open(log, "ab") if log else None
+        self._log: Optional[IO[bytes]] = open_private_file(log, "ab") if log else None
         self._log_lock = threading.Lock()
         try:
             for rank, argv in enumerate(commands):
@@ -118,7 +119,7 @@ class RankJob:
             out, err = subprocess.PIPE, subprocess.STDOUT
         else:
             out = subprocess.PIPE
-            err = open(self.stderr_path(rank), "w") if self.stderr_files else subprocess.PIPE
+            err = open_private_file(self.stderr_path(rank), "w") if self.stderr_files else subprocess.PIPE
         cmd = self.tb.cmd(self.hosts[rank], argv) if self.tb is not None else argv
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=e, start_new_session=self.session)
@@ -251,8 +252,7 @@ class RankJob:
     # ------------------------------------------------------------ ending
     def stop(self) -> None:
         """Ask the ranks to stop (together): the stop file they poll."""
-        with open(self.stop_file, "w"):
-            pass
+        os.close(open_private(self.stop_file, "a"))
 
     def finish(self, timeout: float = 120.0, *, stop: bool = True, dump_wait: float = 1.0) -> List[Dict[str, Any]]:
         """Stop the ranks (``stop``: touch the stop file) and wait for every ``exit`` record.

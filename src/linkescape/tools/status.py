@@ -56,14 +56,27 @@ def parse_targets(text: str) -> List[Target]:
     return out
 
 
+#: the most bytes ``linkescape status`` reads from one metrics endpoint (a rank's
+#: /metrics is tens of KiB; whatever answers on that port may send without end)
+MAX_RESPONSE = 8 << 20
+
+
 def _http_get(host: str, port: int, path: str, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-        chunks = []
+        chunks, size = [], 0
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(f"{host}:{port}{path} did not answer within {timeout:g} s")
+            s.settimeout(left)
             b = s.recv(65536)
             if not b:
                 break
+            size += len(b)
+            if size > MAX_RESPONSE:
+                raise OSError(f"{host}:{port}{path} sent more than {MAX_RESPONSE} bytes: not a linkescape rank")
             chunks.append(b)
     data = b"".join(chunks)
     head, _, body = data.partition(b"\r\n\r\n")
