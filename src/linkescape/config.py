@@ -229,7 +229,9 @@ class Config:
     #: cap of the re-dial back-off: with the 0.5 s dial deadline, a path that
     #: returns is found within about a second (the first path back is used at once)
     reconnect_max: float = 0.5
-    no_path_timeout: float = 1800.0
+    #: the wait that saves most in the cost model at its defaults (`linkescape cost --break-even`,
+    #: docs/operations.md): longer than most flaps and reboots, far shorter than a hardware swap
+    no_path_timeout: float = 90.0
     peer_lost_timeout: float = 2.0
     events: Optional[str] = None
     #: Prometheus /metrics on this port + the rank's offset (LOCAL_RANK, else rank); None: off

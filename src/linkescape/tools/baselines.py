@@ -5,15 +5,23 @@
   host goes on at its policy's measured rate on the rails it has left until the repair. A host
   with no rail left, or two hosts that share no rail any more (a *cross* fault), leave some pair
   without a path: the job waits ``LINKESCAPE_NO_PATH_TIMEOUT`` for a repair, then fails and
-  restarts. With the relay (issue 16, a target until measured) a cross runs at the relayed rate.
+  restarts. With the relay (issue 16) a cross runs at the relayed rate, measured at 0.57x
+  (docs/failover.md, "The relayed phase").
 - **nccl**: NCCL 2.30's IB port failover (``NCCL_IB_RESILIENCY_PORT_FAILOVER=1``): only between the
   ports NCCL merged into one virtual NIC; a dead port is found after the IB transport's retries
   (about 34 s with the default timeouts); one failed device per connection, so a second fault on
   the host, or a cross, is fatal; traffic goes on at (ports - 1) / ports of the virtual NIC.
-- **torchft** (closed form only, :func:`torchft_ettr`): FT-HSDP keeps training across the replica
+- **torchft** (FT-HSDP on its own process groups, e.g. Gloo): keeps training across the replica
   groups that are healthy; the group with the fault leaves for a step-granular quorum change,
-  recovers live from a healthy peer and rejoins. Every fault, not only the network's, costs one
-  group's GPUs for the recovery and the whole job one quorum change.
+  recovers live from a healthy peer and rejoins. By assumption it survives every fault, of any
+  cause, that takes one replica group (never one that takes several at once): each costs the whole
+  job one quorum change (``ft_stall_s``) and one group's GPUs until it is back (``ft_recover`` and
+  ``ft_rejoin_s``).
+- **escape + shrink/torchft** (linkescape's ``ProcessGroupLinkescape`` under torchft, issue 47):
+  a fault of one rail is escaped as above, with no quorum change; what escape cannot survive (a
+  host with no rail, a cross the relay cannot carry, any other cause) leaves the host's group out
+  after ``ft_leave_s`` (the process group's timeout caps the no-path wait), the others go on, and the
+  group rejoins as under torchft. Same assumption: never several groups at once.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ class Mode:
     relay_rate: float = 1.0
     #: hosts below this index have the mechanism (NCCL: ports merged into virtual NICs)
     covered_hosts: int = 0
+    #: torchft: a fault the mode cannot escape leaves one replica group out instead of restarting the job
+    ft: bool = False
+    #: torchft: the whole job's stall while the others' quorum leaves the group out
+    leave_h: float = 0.0
+    #: torchft: how long the group stays out after that (recovery, then rejoin)
+    out_h: float = 0.0
 
     def covers(self, host: int) -> bool:
         return self.escapes and host < self.covered_hosts
@@ -58,16 +72,21 @@ def modes(p: SimParams) -> Dict[str, Mode]:
     def nccl_severs(a: FrozenSet[int], b: FrozenSet[int]) -> bool:
         return any(x // m == y // m and x != y for x in a for y in b)
 
+    out_h = p.ft_recover + p.ft_rejoin_s / 3600.0
     return {
         "restart": Mode("restart", False),
         "escape": Mode("escape", True, p.escape_stall_ms / 3.6e6, p.no_path_s / 3600.0, p.rails - 1,
                        escape_severs, p.escape_rate, p.relay, p.relay_rate, p.hosts),
         "nccl": Mode("nccl", m > 1, p.nccl_detect_s / 3600.0, p.nccl_detect_s / 3600.0, 1 if m > 1 else 0,
                      nccl_severs, p.nccl_rate, False, 1.0, int(round(p.nccl_merged_share * p.hosts))),
+        "torchft": Mode("torchft", False, ft=True, leave_h=p.ft_stall_s / 3600.0, out_h=out_h),
+        "escape_torchft": Mode("escape_torchft", True, p.escape_stall_ms / 3.6e6, 0.0, p.rails - 1, escape_severs,
+                               p.escape_rate, p.relay, p.relay_rate, p.hosts, ft=True,
+                               leave_h=p.ft_leave_s / 3600.0, out_h=out_h),
     }
 
 
-MODES = ("restart", "escape", "nccl")
+MODES = ("restart", "escape", "nccl", "torchft", "escape_torchft")
 
 
 def expected_degraded_hours(repair: float, lam: float) -> float:
@@ -93,7 +112,7 @@ def torchft_ettr(p: SimParams) -> Dict[str, float]:
     and the whole job one quorum change; the checkpoint writes are kept as for restart (an upper
     bound: torchft needs checkpoints only for what takes down every group)."""
     lam = sum(p.events_per_hour(c) for c in (*CAUSES, "other"))
-    per_fault = p.ft_recover / p.ft_replica_groups + p.ft_stall_s / 3600.0
+    per_fault = (p.ft_recover + p.ft_rejoin_s / 3600.0) / p.ft_replica_groups + p.ft_stall_s / 3600.0
     eff = p.checkpoint_efficiency()
     ettr = eff * max(0.0, 1.0 - lam * per_fault)
     return {"ettr": ettr, "faults_per_run": lam * p.hours, "hours_per_fault": per_fault,
@@ -104,12 +123,17 @@ SOURCES = {
     "restart": "every fault interrupts; the work since the last checkpoint is lost and the restart takes "
                "--restart-hours (assumed); checkpoints every Young/Daly interval",
     "escape": "linkescape as built: failover stall and policy rates measured in docs/failover.md; "
-              "no-path wait = LINKESCAPE_NO_PATH_TIMEOUT (README)",
+              "no-path wait = LINKESCAPE_NO_PATH_TIMEOUT (its default: the wait that saves most here, "
+              "`linkescape cost --break-even`)",
     "nccl": "NCCL 2.30 IB port failover (NCCL_IB_RESILIENCY_PORT_FAILOVER=1): ~34 s to detect with the default "
             "IB timeouts (4.096 us x 2^20 x retry count 7), one failed device per connection, only inside "
             "merged virtual NICs, 5 recovery attempts (NCCL release notes and source; see docs/operations.md)",
     "torchft": "torchft README (pytorch/torchft, alpha): per-step fault tolerance, Fault Tolerant HSDP across the "
-               "replicated dimension, live recovery from a healthy peer; closed form only",
+               "replicated dimension, live recovery from a healthy peer; survives by assumption every fault that "
+               "takes one replica group (--ft-stall-seconds, --ft-recover-hours, --ft-rejoin-seconds assumed)",
+    "escape_torchft": "linkescape's process group under torchft (issue 47): escape for a fault of one rail, a "
+                      "group left out for the rest; --ft-leave-seconds and --ft-rejoin-seconds are placeholders "
+                      "(10 s: issue 47's bound) until measured",
 }
 
 __all__ = ["Mode", "modes", "MODES", "interrupt_rate", "expected_degraded_hours", "torchft_ettr", "SOURCES"]

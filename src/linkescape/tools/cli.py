@@ -130,7 +130,8 @@ def report(trails, png, as_json) -> None:
 _RENAME = {"nic_rate": "nic_per_day", "cable_rate": "cable_per_day", "optic_rate": "optic_per_day",
            "switch_rate": "switch_per_day", "other_rate": "other_per_gpu_day",
            "checkpoint_write_seconds": "checkpoint_write_s", "no_path_seconds": "no_path_s",
-           "nccl_detect_seconds": "nccl_detect_s", "ft_stall_seconds": "ft_stall_s"}
+           "nccl_detect_seconds": "nccl_detect_s", "ft_stall_seconds": "ft_stall_s", "flap_seconds": "flap_s",
+           "reboot_seconds": "reboot_s", "ft_leave_seconds": "ft_leave_s", "ft_rejoin_seconds": "ft_rejoin_s"}
 
 
 def _model_options(fn):
@@ -173,11 +174,19 @@ def _model_options(fn):
         o("--other-rate", type=pos, default=None,
           help="Other interruptions per GPU per day (default: Llama 3's other 89.9 %)."),
         o("--whole-host-share", type=share, default=d.whole_host_share,
-          help="Share of the faults that take one rail which take every rail of the host instead."),
+          help="Share of the faults that take one rail which take every rail of the host instead (assumed 0: "
+               "what takes every rail is the fabric's switch, or a host fault counted in 'other')."),
         o("--repair-nic-hours", type=pos, default=d.repair_nic_hours),
         o("--repair-cable-hours", type=pos, default=d.repair_cable_hours),
         o("--repair-optic-hours", type=pos, default=d.repair_optic_hours),
         o("--repair-switch-hours", type=pos, default=d.repair_switch_hours),
+        o("--flap-share", type=share, default=d.flap_share,
+          help="Share of the network faults that end by themselves (assumed)."),
+        o("--flap-seconds", type=pos, default=d.flap_s, help="Their mean length, exponential (assumed)."),
+        o("--reboot-share", type=share, default=d.reboot_share,
+          help="Share that a reboot or reload ends (assumed; 17 %% of switch failures were switch-OS bugs, "
+               "Singh et al. 2021)."),
+        o("--reboot-seconds", type=pos, default=d.reboot_s, help="Their mean length, exponential (assumed)."),
         o("--checkpoint-hours", type=F(min=0, min_open=True), default=None,
           help="Progress between checkpoints (default: Young/Daly, sqrt(2 x write x MTBF))."),
         o("--checkpoint-write-seconds", type=pos, default=d.checkpoint_write_s,
@@ -195,9 +204,10 @@ def _model_options(fn):
           help="How long a job waits with some pair without a path (LINKESCAPE_NO_PATH_TIMEOUT)."),
         o("--relay/--no-relay", default=d.relay, help="Cross faults relayed through a third host (issue 16)."),
         o("--relay-rate", type=F(0, 2, min_open=True), default=d.relay_rate,
-          help="Relayed rate (a target until measured)."),
+          help="Relayed rate / healthy (measured 0.57: docs/failover.md, the relayed phase, lowest of 4 runs)."),
         o("--drain/--no-drain", default=d.drain,
-          help="Swap a degraded host at the next checkpoint when running degraded would cost more."),
+          help="Swap a degraded host at the next checkpoint when running degraded would cost more "
+               "(an operator's policy, assumed; it acts only where a fault slows a host)."),
         o("--yuan-per-gpu-hour", "--yuan-per-card-hour", "yuan_per_gpu_hour", type=pos,
           default=d.yuan_per_gpu_hour),
         o("--nccl-detect-seconds", type=pos, default=d.nccl_detect_s, help="NCCL port failover: detection."),
@@ -207,6 +217,11 @@ def _model_options(fn):
           help="torchft FT-HSDP replica groups."),
         o("--ft-recover-hours", type=pos, default=None, help="torchft: a group's recovery (default: --restart-hours)."),
         o("--ft-stall-seconds", type=pos, default=d.ft_stall_s, help="torchft: the whole job's stall per fault."),
+        o("--ft-leave-seconds", type=pos, default=d.ft_leave_s,
+          help="escape + shrink/torchft: fault to the others' quorum without the host (placeholder: issue 47's "
+               "bound, until measured)."),
+        o("--ft-rejoin-seconds", type=pos, default=d.ft_rejoin_s,
+          help="torchft rows: a repaired host back in the quorum through torchft's recovery (placeholder)."),
         o("--seed", type=int, default=d.seed),
     ]
     for opt in reversed(opts):
@@ -234,13 +249,22 @@ def _given(name: str) -> bool:
 @click.option("--scenario", type=click.Choice(["seed-article"]), default=None,
               help="seed-article: the seed's own arithmetic (3,519,600 yuan) and which of its inputs "
                    "contradict the source.")
+@click.option("--break-even", "break_even", is_flag=True,
+              help="The no-path wait against a restart: each repair time's verdict, and the savings across waits "
+                   "(LINKESCAPE_NO_PATH_TIMEOUT's default is the best at the defaults).")
 @click.option("--json", "as_json", is_flag=True, help="Every mode, the savings, the bands, as JSON.")
-def cost(scenario, as_json, **kw) -> None:
+def cost(scenario, break_even, as_json, **kw) -> None:
     """What network faults cost a training run and what escape saves: the model in closed form."""
     from .cost import compute, seed_article
     from .modeltext import cost_text, seed_text
 
     p = _params(kw)
+    if break_even:
+        from .breakeven import break_even as compute_break_even, break_even_text
+
+        d = compute_break_even(p)
+        click.echo(json.dumps(d, indent=1, default=str) if as_json else break_even_text(d), nl=as_json)
+        return
     res = compute(p)
     if scenario == "seed-article":
         names = {"interruptions": "interruptions", "days": "days", "network_share": "network_share",
@@ -264,7 +288,8 @@ def cost(scenario, as_json, **kw) -> None:
               help="The savings across one input (checkpoint-hours, coverage, restart-hours, comm-share, ...).")
 @click.option("--json", "as_json", is_flag=True, help="Every mode, the savings and their intervals, as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Draw the savings against cluster size per fabric preset (with --sweep: against the input).")
+              help="Draw a tornado chart: escape's savings across each assumed input's range (with --sweep: "
+                   "against the swept input).")
 def simulate(trials, failure_log, sweep_spec, as_json, plot_path, **kw) -> None:
     """Monte Carlo of a training run: restart from checkpoint, escape and NCCL's port failover on the same faults."""
     from . import modelplot, sweep
@@ -297,7 +322,10 @@ def simulate(trials, failure_log, sweep_spec, as_json, plot_path, **kw) -> None:
     res["closed_form"] = {m: cf[m]["ettr"] for m in ("restart", "escape", "nccl", "torchft")}
     res["closed_form"]["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
     if plot_path:
-        res["plot"] = modelplot.plot_sizes(plot_path, sweep.sizes(p, PLOT_SIZES), p, mark=p.gpus)
+        from .tornado import tornado
+
+        res["tornado"] = tornado(p)
+        res["plot"] = modelplot.plot_tornado(plot_path, res["tornado"], p, sim=None if faults else res["saved"]["escape"])
     click.echo(json.dumps(res, indent=1, default=str) if as_json else simulate_text(res, p, cf), nl=as_json)
     if plot_path and not as_json:
         click.echo(f"plot: {plot_path}")

@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any, Dict, List
 
-from .baselines import MODES, Mode, expected_degraded_hours, interrupt_rate, modes, torchft_ettr
+from .baselines import MODES, Mode, expected_degraded_hours, interrupt_rate, modes
 from .model import (CAUSES, COVERAGE, LLAMA3_DAYS, LLAMA3_ETTR, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS,
                     LLAMA3_NETWORK_SHARE, LLAMA3_NIC_SHARE, SimParams)
 from .stats import rate_interval
@@ -44,11 +44,16 @@ def renewal_ettr(lam: float, lam_restart: float, eff: float, tau: float, restart
     return {"ettr": ettr, "lost_per_interruption": lost, "restart": down}
 
 
-def _block(w: float, rep: float, lam: float, residual: bool) -> Dict[str, float]:
+def _block(w: float, rep: float, lam: float, residual: bool, expo: bool = False) -> Dict[str, float]:
     """Some pair without a path: a repair gives it back after ``rep`` hours (``residual``: after the
-    rest of another fault's repair, Uniform(0, rep)), the job gives up after ``w``, and an interruption
-    of another cause (``lam`` per hour) ends it sooner. The probability that the wait runs out, and
-    the expected wait."""
+    rest of another fault's repair, Uniform(0, rep); ``expo``: after an exponential time of mean
+    ``rep``, its own rest too), the job gives up after ``w``, and an interruption of another cause
+    (``lam`` per hour) ends it sooner. The probability that the wait runs out, and the expected wait."""
+    if expo:
+        if rep <= 0 or w <= 0:
+            return {"fail": 0.0 if rep <= 0 else 1.0, "wait": 0.0}
+        k = 1.0 / rep + lam
+        return {"fail": math.exp(-k * w), "wait": -math.expm1(-k * w) / k}
     end = min(w, rep)
     if rep <= 0 or end <= 0:
         return {"fail": 1.0 if rep > w else 0.0, "wait": 0.0}
@@ -63,12 +68,18 @@ def _block(w: float, rep: float, lam: float, residual: bool) -> Dict[str, float]
     return {"fail": (1 - w / rep) * math.exp(-lam * w) if w < rep else 0.0, "wait": wait}
 
 
-def _degraded(p: SimParams, m: Mode, rep: float, lam_i: float, tau: float, eff: float) -> Dict[str, float]:
+def _window(rep: float, expo: bool, lam: float) -> float:
+    """How long a fault's effect is expected to last: until its repair, or an interruption (``lam``)."""
+    if expo:
+        return 0.0 if rep <= 0 else 1.0 / (1.0 / rep + lam)
+    return expected_degraded_hours(rep, lam)
+
+
+def _degraded(p: SimParams, m: Mode, window: float, lam_i: float, tau: float, eff: float) -> Dict[str, float]:
     """One escaped fault: the hours it leaves a host degraded, and whether it is drained (swapped
     at the next checkpoint, unless an interruption of another cause replaces the host first)."""
     s = p.job_speed(m.rate(1))
-    window = expected_degraded_hours(rep, lam_i)
-    if p.drain and s < 1.0 and window * (1.0 - s) > p.restart_hours:
+    if p.drain and not m.ft and s < 1.0 and window * (1.0 - s) > p.restart_hours:
         to_ckpt = tau / (2 * s * eff)
         return {"window": expected_degraded_hours(to_ckpt, lam_i), "drain": math.exp(-lam_i * to_ckpt), "speed": s}
     return {"window": window, "drain": 0.0, "speed": s}
@@ -94,16 +105,16 @@ def _degraded_share(windows: List, lam: float, down: float, steps: int = 400) ->
     return 1.0 - inside - math.exp(-lam * top) * none(top)
 
 
-def _relayed(p: SimParams, m: Mode, a: Dict[str, Any], rate: float, rep: float, lam_i: float, tau: float,
-             eff: float) -> None:
+def _relayed(p: SimParams, m: Mode, a: Dict[str, Any], rate: float, rep: float, expo: bool, lam_i: float,
+             tau: float, eff: float) -> None:
     """Crosses carried by the relay: at the relayed rate until the first repair (the rest of the first
     fault's, Uniform(0, rep)), or swapped at the next checkpoint when that costs less."""
     s = p.job_speed(m.relay_rate)
-    if p.drain and s < 1.0 and expected_degraded_hours(rep, lam_i) * (1.0 - s) > p.restart_hours:
+    if p.drain and not m.ft and s < 1.0 and _window(rep, expo, lam_i) * (1.0 - s) > p.restart_hours:
         a["drains"] += rate
         a["relay"] += rate * expected_degraded_hours(tau / (2 * s * eff), lam_i)
     else:
-        a["relay"] += rate * _block(rep, rep, lam_i, residual=True)["wait"]
+        a["relay"] += rate * (_window(rep, expo, lam_i) if expo else _block(rep, rep, lam_i, residual=True)["wait"])
 
 
 def _partners(p: SimParams, m: Mode) -> int:
@@ -116,10 +127,14 @@ def _partners(p: SimParams, m: Mode) -> int:
 def _whole_host(p: SimParams, m: Mode, a: Dict[str, float], cov: float) -> None:
     """Faults that take every rail (or that the mode does not cover): an interruption now, or a wait."""
     for c in CAUSES:
-        ev, rep = p.events_per_hour(c), p.repair_hours(c)
+        ev = p.events_per_hour(c)
         whole = ev * (1.0 if p.fabric.scope(c) == "host" else p.whole_host_share)
         now = ev * (1 - cov)
-        blk = _block(m.wait_h, rep, a["lam_now"] + now, residual=False)
+        lam = a["lam_now"] + now
+        blk = {"fail": 0.0, "wait": 0.0}
+        for share, rep, expo in p.repair_mix(c):
+            b = _block(m.wait_h, rep, lam, residual=False, expo=expo)
+            blk = {k: blk[k] + share * b[k] for k in blk}
         a["lam_now"] += now
         a["lam_reset"] += now + whole * cov
         a["lam"] += now + whole * cov * blk["fail"]
@@ -140,33 +155,56 @@ def _escape_rates(p: SimParams, m: Mode) -> Dict[str, float]:
     a = {"lam": other, "lam_now": other, "lam_reset": other, "blocked_fail": 0.0, "escaped": 0.0, "stall": 0.0,
          "windows": [], "drains": 0.0, "drain_hours": 0.0, "wait": 0.0, "relay": 0.0, "rail": total_rail, "speed": 1.0}
     _whole_host(p, m, a, cov)
-    for c, e in rail.items():
-        rep = p.repair_hours(c)
-        d = _degraded(p, m, rep, lam_i, tau, eff)
-        a["speed"] = d["speed"]
-        k = m.max_lost
-        p_iso = (p.span if c == "switch" else 1) * math.comb(p.rails - 1, k) * (per_host_rail * d["window"]) ** k
-        p_cross = _partners(p, m) / p.rails * total_rail * d["window"]
-        blocked = e * (p_iso + (0.0 if m.relay else p_cross))
-        sev = _block(m.wait_h, rep, lam_i, residual=True)
-        a["lam"] += blocked * sev["fail"]
-        a["blocked_fail"] += blocked * sev["fail"]
-        a["wait"] += blocked * sev["wait"]
-        if m.relay:
-            _relayed(p, m, a, e * p_cross, rep, lam_i, tau, eff)
-        a["escaped"] += e - blocked
-        a["stall"] += e * m.stall_h * d["speed"]
-        a["drains"] += e * d["drain"]
-        if d["drain"]:
-            a["drain_hours"] += e * d["window"]
-        elif d["speed"] < 1.0:
-            a["windows"].append((e, rep))
+    for c, e_all in rail.items():
+        for share, rep, expo in p.repair_mix(c):
+            e = e_all * share
+            d = _degraded(p, m, _window(rep, expo, lam_i), lam_i, tau, eff)
+            a["speed"] = d["speed"]
+            k = m.max_lost
+            p_iso = (p.span if c == "switch" else 1) * math.comb(p.rails - 1, k) * (per_host_rail * d["window"]) ** k
+            p_cross = _partners(p, m) / p.rails * total_rail * d["window"]
+            blocked = e * (p_iso + (0.0 if m.relay else p_cross))
+            sev = _block(m.wait_h, rep, lam_i, residual=True, expo=expo)
+            a["lam"] += blocked * sev["fail"]
+            a["blocked_fail"] += blocked * sev["fail"]
+            a["wait"] += blocked * sev["wait"]
+            if m.relay:
+                _relayed(p, m, a, e * p_cross, rep, expo, lam_i, tau, eff)
+            a["escaped"] += e - blocked
+            a["stall"] += e * m.stall_h * d["speed"]
+            a["drains"] += e * d["drain"]
+            if d["drain"]:
+                a["drain_hours"] += e * d["window"]
+            elif d["speed"] < 1.0:
+                a["windows"].append((e, rep))
     return a
+
+
+def ft_ettr(p: SimParams, m: Mode) -> Dict[str, Any]:
+    """A torchft mode in expectation: no restart; each fault it does not escape stalls the job for
+    ``leave_h`` and keeps one of the replica groups out for ``out_h`` after that; the checkpoint writes
+    are kept as for restart (an upper bound: torchft needs them only for what takes every group)."""
+    T, eff, G = p.hours, p.checkpoint_efficiency(), p.ft_replica_groups
+    per = m.out_h / G + m.leave_h
+    if not m.escapes:
+        lam, up_loss, escaped, degraded, relayed = sum(p.events_per_hour(c) for c in (*CAUSES, "other")), 0.0, 0.0, 0.0, 0.0
+    else:
+        a = _escape_rates(p, m)
+        lam, s, escaped = a["lam"], a["speed"], a["escaped"]
+        degraded = _degraded_share(a["windows"], 0.0, 0.0)
+        relayed = a["relay"]
+        up_loss = a["stall"] + (1 - s) * degraded + relayed * (1 - p.job_speed(m.relay_rate))
+    ettr = eff * max(0.0, 1.0 - lam * per - up_loss)
+    return {"ettr": ettr, "interruptions": 0.0, "left_out": lam * T, "hours_per_fault": per, "planned_swaps": 0.0,
+            "escaped": escaped * T, "wait_hours": 0.0, "degraded_hours": degraded * T, "relayed_hours": relayed * T,
+            "group_gpus": p.gpus / G}
 
 
 def mode_ettr(p: SimParams, m: Mode) -> Dict[str, Any]:
     """One mode in expectation: ETTR, interruptions and what made them, per run."""
     T, tau, eff = p.hours, p.interval(), p.checkpoint_efficiency()
+    if m.ft:
+        return ft_ettr(p, m)
     if not m.escapes:
         lam = sum(p.events_per_hour(c) for c in (*CAUSES, "other"))
         r = renewal_ettr(lam, lam, eff, tau, p.restart_hours)
@@ -202,14 +240,12 @@ def closed_form(p: SimParams) -> Dict[str, Any]:
     """Every mode in expectation, and what escape (and NCCL's failover) save against restart."""
     ms = modes(p)
     out: Dict[str, Any] = {m: mode_ettr(p, ms[m]) for m in MODES}
-    ft = torchft_ettr(p)
-    out["torchft"] = {"ettr": ft["ettr"], "interruptions": 0.0, **ft}
     scale = p.gpus * p.hours * p.yuan_per_gpu_hour
     r = out["restart"]
     out["saved"] = {m: {"ettr_gain": out[m]["ettr"] - r["ettr"], "yuan_saved": (out[m]["ettr"] - r["ettr"]) * scale,
                         "interruptions_avoided": r["interruptions"] - out[m]["interruptions"],
                         "planned_swaps": out[m].get("planned_swaps", 0.0)}
-                    for m in ("escape", "nccl", "torchft")}
+                    for m in MODES if m != "restart"}
     return out
 
 
@@ -258,8 +294,12 @@ def compute(p: SimParams, bands: bool = True) -> Dict[str, Any]:
     out["lost_yuan"] = out["lost_card_hours"] * p.yuan_per_gpu_hour
     out["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
     out["per_year_yuan"] = out["yuan_saved"] * 365.0 / p.days
-    out["short_wait_saved"] = (savings(replace(p, no_path_s=60.0))
-                               if cf["escape"]["wait_hours"] > 0.1 and p.no_path_s > 60 else None)
+    from .breakeven import best_wait
+
+    best = best_wait(p)
+    out["short_wait_s"] = best
+    out["short_wait_saved"] = (savings(replace(p, no_path_s=best))
+                               if cf["escape"]["wait_hours"] > 0.1 and p.no_path_s > best else None)
     if bands:
         out["coverage_band"] = coverage_band(p)
         out["rate_band"] = rate_band(p, seed=p.seed)

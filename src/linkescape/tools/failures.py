@@ -44,6 +44,23 @@ class Fault:
         return range(self.host, self.host + self.span)
 
 
+def repair_draws(p: SimParams, cause: str, k: int, rng) -> List[float]:
+    """``k`` repair times from the cause's mix (:meth:`SimParams.repair_mix`)."""
+    mix = p.repair_mix(cause)
+    if len(mix) == 1 and not mix[0][2]:
+        return [mix[0][1]] * k
+    u = rng.random(k)
+    out = []
+    for x in u:
+        acc = 0.0
+        for share, hours, expo in mix:
+            acc += share
+            if x < acc or (share, hours, expo) == mix[-1]:
+                out.append(float(rng.exponential(hours)) if expo and hours > 0 else hours)
+                break
+    return out
+
+
 def draw_faults(p: SimParams, rng) -> List[Fault]:
     """One schedule of faults over the run, sorted by time."""
     T = p.hours
@@ -56,9 +73,9 @@ def draw_faults(p: SimParams, rng) -> List[Fault]:
         rails = rng.integers(0, p.rails, k)
         whole = rng.random(k) < p.whole_host_share
         every = p.fabric.scope(cause) == "host"
-        rep = p.repair_hours(cause)
-        for t, h, r, w in zip(times, hosts, rails, whole):
-            out.append(Fault(float(t), int(h), cause, None if (every or w) else int(r), rep, span))
+        reps = repair_draws(p, cause, k, rng)
+        for t, h, r, w, rep in zip(times, hosts, rails, whole, reps):
+            out.append(Fault(float(t), int(h), cause, None if (every or w) else int(r), float(rep), span))
     k = int(rng.poisson(p.events_per_hour("other") * T))
     for t, h in zip(rng.uniform(0.0, T, k), rng.integers(0, p.hosts, k)):
         out.append(Fault(float(t), int(h), "other", None, 0.0))
@@ -222,9 +239,10 @@ def rates_of_log(p: SimParams, faults: List[Fault]) -> SimParams:
     per = {c: count[c] / (p.components(c) * p.days) for c in CAUSES}
     other = sum(1 for f in faults if f.kind == "other" and f.t < p.hours) / (p.gpus * p.days)
     whole = sum(1 for f in net if f.rail is None) / len(net) if net else 0.0
-    return replace(p, coverage="rail-optimized", whole_host_share=whole, nic_per_day=per["nic"],
+    return replace(p, coverage="rail-optimized", whole_host_share=whole, flap_share=0.0, reboot_share=0.0,
+                   nic_per_day=per["nic"],
                    cable_per_day=per["cable"], optic_per_day=per["optic"], switch_per_day=per["switch"],
                    other_per_gpu_day=other, hosts_per_switch=1)
 
 
-__all__ = ["Fault", "draw_faults", "read_failure_log", "fit_to_log", "rates_of_log", "classify"]
+__all__ = ["Fault", "draw_faults", "repair_draws", "read_failure_log", "fit_to_log", "rates_of_log", "classify"]

@@ -12,18 +12,27 @@ docs/operations.md cites every default; the short form is here, beside the numbe
   during a fault; stripe at 0.92-0.99x of its healthy rate; a relayed pair (a cross fault) 0.57x,
   the lowest of the relayed phase's table (4 hosts, active-backup; 0.74-1.11x elsewhere).
 - Escape stall: docs/failover.md, a blackhole's fault to 90 % throughput on the other rail.
-- No-path wait: ``LINKESCAPE_NO_PATH_TIMEOUT`` (README), 1800 s.
+- No-path wait: ``LINKESCAPE_NO_PATH_TIMEOUT``'s default (config.py), which is the wait that saves
+  most at this model's defaults (``linkescape cost --break-even``).
 - Checkpoint interval: Young (1974) / Daly (2006), tau = sqrt(2 delta MTBF).
-- Everything else (repair times, restart time, checkpoint write time, switch share, the
-  network share of a step) is an assumption, a flag, and says so.
+- Repair times: a mix of three kinds (all assumed, flags): faults that end by themselves (a flap,
+  exponential, mean ``flap_seconds``), faults a reboot or reload ends (exponential, mean
+  ``reboot_seconds``; Singh et al., "Surviving switch failures in cloud datacenters", CCR 51(2),
+  2021, put 17 % of switch failures on switch-OS bugs and 32 % on hardware), and hardware swaps
+  (``repair_*_hours``, fixed).
+- escape + shrink/torchft: the time to leave a host out and to rejoin are placeholders (the issue's
+  bound of 10 s, and 60 s) until issue 47's training test measures them.
+- Everything else (restart time, checkpoint write time, switch share, the network share of a step)
+  is an assumption, a flag, and says so.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from ..config import Config as _Config
 from ..errors import UsageError
 
 # ------------------------------------------------------------------ published figures
@@ -49,8 +58,13 @@ STRIPE_FAULT_RATE = 0.92
 #: goes on through a third, the lowest of the table (4 hosts, active-backup 0.57x; stripe 0.74x;
 #: 8 hosts 0.98-1.11x)
 RELAY_RATE = 0.57
-#: README: LINKESCAPE_NO_PATH_TIMEOUT
-NO_PATH_S = 1800.0
+#: LINKESCAPE_NO_PATH_TIMEOUT's default (config.py): chosen by this model (``linkescape cost --break-even``)
+NO_PATH_S = float(_Config.__dataclass_fields__["no_path_timeout"].default)
+#: assumed: share of network faults that end by themselves (a flap), and their mean length
+FLAP_SHARE, FLAP_S = 0.2, 30.0
+#: assumed: share of network faults that a reboot or reload ends (Singh et al. 2021: 17 % of switch
+#: failures were switch-OS bugs), and their mean length (a switch reloads in minutes)
+REBOOT_SHARE, REBOOT_S = 0.2, 300.0
 
 # ------------------------------------------------------------------ baselines' published figures
 #: NCCL 2.30 IB port failover: with the default IB timeouts (NCCL_IB_TIMEOUT 20 -> 4.096 us x 2^20
@@ -60,6 +74,11 @@ NCCL_DETECT_S = 34.0
 NCCL_PORTS_PER_VNIC = 2
 #: torchft README's lighthouse example: --join_timeout_ms 10000 (the order of a quorum change)
 FT_STALL_S = 10.0
+#: escape + shrink/torchft: fault to the others' quorum without the host (PLACEHOLDER: issue 47's
+#: bound "within 10 s", until its training test measures it)
+FT_LEAVE_S = 10.0
+#: a repaired (or replacement) host back in the quorum through torchft's recovery (PLACEHOLDER, assumed)
+FT_REJOIN_S = 60.0
 #: Llama 3 405B: TP 8 x PP 16 = 128 GPUs per model replica, so 128 data-parallel replicas on
 #: 16,384 GPUs (the paper's table 4, as we read it): FT-HSDP's replica groups
 FT_REPLICA_GROUPS = 128
@@ -90,7 +109,7 @@ COVERAGE: Dict[str, Coverage] = {
         "each NIC port on its own plane: a switch, cable or optic takes one plane; a NIC takes both of its ports"),
     "tor": Coverage(
         "tor", "host", "rail", 2,
-        "one top-of-rack switch per host (Llama 3: one per rack of two hosts): a switch takes every rail of its "
+        "one top-of-rack switch per rack (Llama 3: a rack of two hosts): a switch takes every rail of its "
         "hosts; a NIC, cable or optic one rail"),
 }
 #: the conservative one: the fewest faults escaped
@@ -125,6 +144,12 @@ class SimParams:
     repair_cable_hours: float = 8.0
     repair_optic_hours: float = 4.0
     repair_switch_hours: float = 8.0
+    #: the repair-time mix: shares of the network faults that end by themselves (a flap) or with a
+    #: reboot, each after an exponential time of this mean; the rest wait ``repair_*_hours``
+    flap_share: float = FLAP_SHARE
+    flap_s: float = FLAP_S
+    reboot_share: float = REBOOT_SHARE
+    reboot_s: float = REBOOT_S
     #: progress between checkpoints; None: Young/Daly from the write time and the restart MTBF
     checkpoint_hours: Optional[float] = None
     checkpoint_write_s: float = 10.0
@@ -150,6 +175,8 @@ class SimParams:
     ft_replica_groups: int = FT_REPLICA_GROUPS
     ft_recover_hours: Optional[float] = None
     ft_stall_s: float = FT_STALL_S
+    ft_leave_s: float = FT_LEAVE_S
+    ft_rejoin_s: float = FT_REJOIN_S
 
     def __post_init__(self) -> None:
         self._check()
@@ -170,11 +197,13 @@ class SimParams:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
                 raise UsageError(f"{f.name.replace('_', '-')} must not be negative")
         for name in ("whole_host_share", "comm_share", "network_share", "nic_share", "switch_share",
-                     "nccl_merged_share"):
+                     "nccl_merged_share", "flap_share", "reboot_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise UsageError(f"{name.replace('_', '-')} must be in [0, 1]")
         if self.network_share + self.nic_share > 1:
             raise UsageError("network-share + nic-share must not exceed 1")
+        if self.flap_share + self.reboot_share > 1:
+            raise UsageError("flap-share + reboot-share must not exceed 1")
         for name in ("ab_fault_rate", "stripe_fault_rate", "relay_rate"):
             if not 0 < getattr(self, name) <= 2:
                 raise UsageError(f"{name.replace('_', '-')} must be in (0, 2]")
@@ -240,6 +269,13 @@ class SimParams:
     def repair_hours(self, cause: str) -> float:
         return {"nic": self.repair_nic_hours, "cable": self.repair_cable_hours, "optic": self.repair_optic_hours,
                 "switch": self.repair_switch_hours}.get(cause, 0.0)
+
+    def repair_mix(self, cause: str) -> List[Tuple[float, float, bool]]:
+        """How a fault of ``cause`` ends: (share, hours, exponential) for a flap, a reboot (exponential
+        times of their means) and a hardware repair (``repair_*_hours``, fixed); shares of 0 left out."""
+        mix = [(self.flap_share, self.flap_s / 3600.0, True), (self.reboot_share, self.reboot_s / 3600.0, True),
+               (1.0 - self.flap_share - self.reboot_share, self.repair_hours(cause), False)]
+        return [m for m in mix if m[0] > 0]
 
     def source_counts(self) -> Dict[str, float]:
         """The events the rates were estimated from (for their uncertainty)."""
@@ -314,6 +350,7 @@ Inputs = SimParams
 
 __all__ = ["SimParams", "Inputs", "Coverage", "COVERAGE", "DEFAULT_COVERAGE", "POLICIES", "CAUSES",
            "ESCAPE_STALL_MS", "AB_FAULT_RATE", "STRIPE_FAULT_RATE", "RELAY_RATE", "NO_PATH_S",
-           "NCCL_DETECT_S", "NCCL_PORTS_PER_VNIC", "FT_STALL_S", "FT_REPLICA_GROUPS",
+           "NCCL_DETECT_S", "NCCL_PORTS_PER_VNIC", "FT_STALL_S", "FT_REPLICA_GROUPS", "FT_LEAVE_S", "FT_REJOIN_S",
+           "FLAP_SHARE", "FLAP_S", "REBOOT_SHARE", "REBOOT_S",
            "LLAMA3_GPUS", "LLAMA3_DAYS", "LLAMA3_INTERRUPTIONS", "LLAMA3_NETWORK_SHARE", "LLAMA3_NIC_SHARE",
            "LLAMA3_NIC_EVENTS", "LLAMA3_ETTR"]

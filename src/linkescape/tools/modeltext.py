@@ -10,7 +10,8 @@ from .model import COVERAGE, SimParams
 from .sweep import flag_name
 
 LABELS = {"restart": "restart from checkpoint", "escape": "escape (linkescape)", "nccl": "NCCL 2.30 port failover",
-          "torchft": "torchft FT-HSDP"}
+          "torchft": "torchft FT-HSDP", "escape_torchft": "escape + shrink/torchft"}
+FT_MODES = ("torchft", "escape_torchft")
 
 
 def _y(v: float) -> str:
@@ -24,6 +25,10 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
            if p.policy == "active-backup" else
            f"stripe: every rail while healthy, {p.stripe_fault_rate:.2f}x of that during a fault (measured)")
     wait = f"no path: wait {p.no_path_s:g} s (LINKESCAPE_NO_PATH_TIMEOUT), then fail"
+    mix = (f"repairs      {p.flap_share:.0%} end by themselves (mean {p.flap_s:g} s), {p.reboot_share:.0%} with a reboot "
+           f"(mean {p.reboot_s:g} s), the rest a swap (NIC {p.repair_nic_hours:g} h, host link "
+           f"{p.repair_cable_hours:g} h, optic {p.repair_optic_hours:g} h, switch {p.repair_switch_hours:g} h; "
+           "all assumed)")
     relay = (f"relay on: a cross runs at {p.relay_rate:.2f}x (measured, docs/failover.md)" if p.relay
              else "relay off: a cross waits for a repair")
     ck = ("Young/Daly sqrt(2 x write x MTBF " f"{p.mtbf_hours():.2f} h)" if p.checkpoint_hours is None else
@@ -41,6 +46,10 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
         f"restart {p.restart_hours:g} h",
         f"escape       {pol}, a step {p.comm_share:.0%} network-bound; stall {p.escape_stall_ms:g} ms per fault; "
         f"{wait}; {relay}",
+        ("repairs      as in the log" if log else mix),
+        f"torchft      {p.ft_replica_groups} replica groups; a group out for {p.ft_recover * 60:g} min + rejoin "
+        f"{p.ft_rejoin_s:g} s (assumed); the job stalls {p.ft_stall_s:g} s per quorum change (assumed), "
+        f"{p.ft_leave_s:g} s to leave a host out with escape (placeholder: issue 47's bound)",
     ]
 
 
@@ -54,8 +63,8 @@ def modes_table(modes: Dict[str, Dict[str, Any]], saved: Dict[str, Dict[str, Any
             continue
         r = modes[m]
         sv = saved.get(m, {}).get("yuan_saved", 0.0)
-        ints = "-" if m == "torchft" else f"{r['interruptions']:.1f}"
-        swaps = "-" if m == "torchft" else f"{r.get('planned_swaps', r.get('planned_restarts', 0.0)):.1f}"
+        ints = "-" if m in FT_MODES else f"{r['interruptions']:.1f}"
+        swaps = "-" if m in FT_MODES else f"{r.get('planned_swaps', r.get('planned_restarts', 0.0)):.1f}"
         lines.append(f"{label:26}{r['ettr']:>8.4f}{ints:>15}{swaps:>15}{_y((1 - r['ettr']) * scale):>14}{_y(sv):>18}")
         if ci and m in saved:
             lo, hi = saved[m]["yuan_saved_ci"]
@@ -75,7 +84,8 @@ def _savings_lines(res: Dict[str, Any], p: SimParams) -> List[str]:
          f"saved per run: {_y(s['yuan_saved'])} yuan; a year at this rate: {_y(res['per_year_yuan'])} yuan"]
     if res.get("short_wait_saved") is not None:
         L.append(f"  the waits are what cost: a path lost for hours is waited for {p.no_path_s:g} s; with "
-                 f"--no-path-seconds 60 escape saves {_y(res['short_wait_saved'])} yuan per run")
+                 f"--no-path-seconds {res['short_wait_s']:g} escape saves {_y(res['short_wait_saved'])} yuan per run "
+                 "(`linkescape cost --break-even`)")
     band, rb = res.get("coverage_band"), res.get("rate_band")
     if band:
         L.append("  by fabric: " + ", ".join(f"{k} {_y(v)}" for k, v in band.items()) + " yuan")
@@ -87,12 +97,20 @@ def _savings_lines(res: Dict[str, Any], p: SimParams) -> List[str]:
     return L
 
 
+def ft_note(res: Dict[str, Any]) -> str:
+    t, e = res["torchft"], res["escape_torchft"]
+    return (f"  torchft rows: no restart; by assumption they survive every fault that takes one replica group, of any "
+            f"cause, never several groups at once; groups left out per run: torchft {t.get('left_out', 0.0):.1f}, "
+            f"escape + shrink/torchft {e.get('left_out', 0.0):.1f} (escape takes the faults of one rail)")
+
+
 def cost_text(res: Dict[str, Any], p: SimParams) -> str:
     L = ["linkescape cost: the model in closed form (the model `linkescape simulate` plays fault by fault; "
          "every input a flag)", ""] + inputs_text(p) + [""]
-    L += modes_table({m: res[m] for m in ("restart", "escape", "nccl", "torchft")}, res["saved"], p)
+    L += modes_table({m: res[m] for m in LABELS}, res["saved"], p)
     L += [f"  NCCL: only between ports merged into a virtual NIC (here {p.nccl_merged_share:.0%} of the hosts; "
-          "one NIC per GPU, as Llama 3, has none); torchft: every fault, not only the network's (closed form)", ""]
+          "one NIC per GPU, as Llama 3, has none)", ft_note(res)]
+    L += [""]
     L += _savings_lines(res, p)
     L += ["", "This counts what escape saves against a restart from checkpoint on the faults it survives, and what "
           "it costs on those it does not (waits, stalls, slower rails, planned swaps). Check it with `linkescape "
@@ -153,7 +171,9 @@ def simulate_text(res: Dict[str, Any], p: SimParams, cf: Dict[str, Any]) -> str:
         L.append(f"faults/run   drawn: NIC {fk['nic']:.1f}, switch {fk['switch']:.1f}, host link {fk['cable']:.1f}, "
                  f"optic {fk['optic']:.1f} (every rail: {fk['whole_host']:.1f}), other {fk['other']:.1f}")
     L.append("")
-    L += modes_table({m: res[m] for m in ("restart", "escape", "nccl")}, res["saved"], p, ci=not res.get("replay"))
+    L += modes_table({m: res[m] for m in LABELS if m in res}, res["saved"], p, ci=not res.get("replay"))
+    if "torchft" in res:
+        L.append(ft_note(res))
     L.append("")
     L += _simulate_result_lines(res, cf)
     return "\n".join(L) + "\n"
@@ -177,4 +197,4 @@ def sources_text() -> str:
     return "\n".join(f"{LABELS[k]}: {v}" for k, v in SOURCES.items()) + "\n"
 
 
-__all__ = ["cost_text", "seed_text", "simulate_text", "sweep_text", "inputs_text", "sources_text"]
+__all__ = ["cost_text", "seed_text", "simulate_text", "sweep_text", "inputs_text", "sources_text", "ft_note", "LABELS"]

@@ -54,6 +54,9 @@ class ModeResult:
     stall_hours: float = 0.0
     lost_work_hours: float = 0.0
     restart_hours: float = 0.0
+    #: torchft modes: replica groups left out (no restart), and the hours the job stalled for it
+    left_out: int = 0
+    leave_hours: float = 0.0
 
 
 class _Run:
@@ -237,11 +240,77 @@ class _Run:
         self._restart(t)
 
 
+class _FTRun(_Run):
+    """A torchft mode: what it does not escape leaves the host's replica group out instead of
+    restarting the job. The job stalls ``leave_h`` (the quorum change), the others go on at
+    (groups - out) / groups of the progress, and the group is back ``out_h`` later. Nothing is lost
+    beyond that; a fault during a stall only adds its own."""
+
+    def __init__(self, p: SimParams, mode: Mode) -> None:
+        super().__init__(p, mode)
+        self.out = 0
+
+    def advance(self, to: float) -> None:
+        start = max(self.cur, self.down_until)
+        if to > start:
+            dt = to - start
+            if self.speed < 1.0:
+                self.res.degraded_hours += dt
+            if self.relaying:
+                self.res.relayed_hours += dt
+            share = max(0.0, 1.0 - self.out / self.p.ft_replica_groups)
+            self.res.work_hours += self.speed * self.eff * dt * share
+        self.cur = max(self.cur, to)
+
+    def leave(self, t: float, f: Fault) -> None:
+        self.res.left_out += 1
+        for h in f.hosts():  # the host's group is left out; it comes back replaced or repaired
+            self.lost.pop(h, None)
+        for h in [h for h, d in self.lost.items() if len(d) > self.m.max_lost]:
+            del self.lost[h]
+        end = max(self.down_until, t + self.m.leave_h)
+        self.res.leave_hours += end - max(self.down_until, t)
+        self.down_until = end
+        self.out += 1
+        self.push(t + self.m.leave_h + self.m.out_h, "back", None)
+        self.refresh()
+
+    def on_back(self, t: float, _payload: Any) -> None:
+        self.advance(t)
+        self.out -= 1
+
+    def on_fault(self, t: float, f: Fault) -> None:
+        self.advance(t)
+        if not (f.network and self.m.covers(f.host)):
+            self.leave(t, f)
+            return
+        self.take(t, f)
+        if self.path_state() in ("isolated", "cross"):
+            self.leave(t, f)
+            return
+        self.res.escaped += 1
+        self.refresh()
+        self.res.stall_hours += self.m.stall_h
+        self.res.work_hours -= self.m.stall_h * self.speed * self.eff
+
+    def on_repair(self, t: float, payload: Tuple[int, int, Tuple[int, ...], Tuple[int, ...]]) -> None:
+        _, fid, hosts, rails = payload
+        self.advance(t)
+        for h in hosts:
+            d = self.lost.get(h)
+            for r in rails:
+                if d is not None and d.get(r) == fid:
+                    del d[r]
+            if d is not None and not d:
+                del self.lost[h]
+        self.refresh()
+
+
 def play(p: SimParams, faults: Sequence[Fault], mode: Union[Mode, str, bool]) -> ModeResult:
     """Play one schedule under one mode (``True``/``False``: escape/restart)."""
     if not isinstance(mode, Mode):
         mode = modes(p)["escape" if mode is True else "restart" if mode is False else mode]
-    run = _Run(p, mode)
+    run = (_FTRun if mode.ft else _Run)(p, mode)
     for f in faults:
         if f.t < run.T:
             run.push(f.t, "fault", f)
@@ -267,7 +336,7 @@ def _mode_summary(p: SimParams, runs: List[ModeResult]) -> Dict[str, Any]:
            "gpu_hours_lost": lost, "yuan_lost": lost * p.yuan_per_gpu_hour}
     for name in ("interruptions", "failed_restarts", "planned_restarts", "escaped", "absorbed", "waits",
                  "waits_resolved", "wait_hours", "degraded_hours", "relayed_hours", "lost_work_hours",
-                 "restart_hours"):
+                 "restart_hours", "left_out", "leave_hours"):
         out[name] = avg(name)
     out["stall_seconds"] = avg("stall_hours") * 3600.0
     out["interruptions_by_cause"] = {k: sum(r.by_cause[k] for r in runs) / n for k in runs[0].by_cause}

@@ -22,7 +22,8 @@ from .simulate import simulate
 FLAG_FIELDS = {"nic-rate": "nic_per_day", "cable-rate": "cable_per_day", "optic-rate": "optic_per_day",
                "switch-rate": "switch_per_day", "other-rate": "other_per_gpu_day",
                "checkpoint-write-seconds": "checkpoint_write_s", "no-path-seconds": "no_path_s",
-               "nccl-detect-seconds": "nccl_detect_s", "ft-stall-seconds": "ft_stall_s",
+               "nccl-detect-seconds": "nccl_detect_s", "ft-stall-seconds": "ft_stall_s", "flap-seconds": "flap_s",
+               "reboot-seconds": "reboot_s", "ft-leave-seconds": "ft_leave_s", "ft-rejoin-seconds": "ft_rejoin_s",
                "cards": "gpus", "recovery-hours": "restart_hours", "yuan-per-card-hour": "yuan_per_gpu_hour"}
 ALIASES = {"interval": "checkpoint_hours", "checkpoint-interval": "checkpoint_hours", "checkpoint": "checkpoint_hours",
            "restart": "restart_hours", "restart-time": "restart_hours", "fabric": "coverage",
