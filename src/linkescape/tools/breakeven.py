@@ -20,11 +20,8 @@ from dataclasses import replace
 from typing import Any, Dict, List, Sequence
 
 from .baselines import modes
-from .cost import closed_form, mode_ettr
+from .cost import WAITS, best_wait, closed_form, mode_ettr
 from .model import CAUSES, SimParams
-
-#: the waits an operator would set, in seconds
-WAITS = (0, 10, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 
 
 def restart_cost_hours(p: SimParams) -> float:
@@ -58,12 +55,6 @@ def wait_sweep(p: SimParams, waits: Sequence[float] = WAITS) -> List[Dict[str, A
         out.append({"wait_s": float(w), "yuan_saved": cf["saved"]["escape"]["yuan_saved"], "ettr": e["ettr"],
                     "wait_hours": e["wait_hours"], "interruptions": e["interruptions"]})
     return out
-
-
-def best_wait(p: SimParams, waits: Sequence[float] = WAITS) -> float:
-    """The candidate wait that saves most."""
-    rows = wait_sweep(p, waits)
-    return max(rows, key=lambda r: r["yuan_saved"])["wait_s"]
 
 
 def optimum(p: SimParams, top: float = 3600.0, step: float = 5.0) -> Dict[str, float]:

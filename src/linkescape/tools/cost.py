@@ -253,6 +253,15 @@ def savings(p: SimParams, mode: str = "escape") -> float:
     return closed_form(p)["saved"][mode]["yuan_saved"]
 
 
+#: the no-path waits an operator would set, in seconds (``linkescape cost --break-even``)
+WAITS = (0, 10, 30, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
+
+
+def best_wait(p: SimParams, waits=WAITS) -> float:
+    """The wait (of ``waits``, seconds) at which escape saves most."""
+    return float(max(waits, key=lambda w: savings(replace(p, no_path_s=float(w)))))
+
+
 def coverage_band(p: SimParams) -> Dict[str, float]:
     return {name: savings(replace(p, coverage=name)) for name in COVERAGE}
 
@@ -294,8 +303,6 @@ def compute(p: SimParams, bands: bool = True) -> Dict[str, Any]:
     out["lost_yuan"] = out["lost_card_hours"] * p.yuan_per_gpu_hour
     out["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
     out["per_year_yuan"] = out["yuan_saved"] * 365.0 / p.days
-    from .breakeven import best_wait
-
     best = best_wait(p)
     out["short_wait_s"] = best
     out["short_wait_saved"] = (savings(replace(p, no_path_s=best))
@@ -347,5 +354,5 @@ def seed_article(**override: float) -> Dict[str, Any]:
             "ettr_bound_hours": bound, "contradictions": found}
 
 
-__all__ = ["renewal_ettr", "mode_ettr", "closed_form", "savings", "coverage_band", "rate_band", "compute",
+__all__ = ["WAITS", "best_wait", "ft_ettr", "renewal_ettr", "mode_ettr", "closed_form", "savings", "coverage_band", "rate_band", "compute",
            "seed_article", "SEED"]

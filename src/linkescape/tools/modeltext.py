@@ -101,7 +101,8 @@ def ft_note(res: Dict[str, Any]) -> str:
     t, e = res["torchft"], res["escape_torchft"]
     return (f"  torchft rows: no restart; by assumption they survive every fault that takes one replica group, of any "
             f"cause, never several groups at once; groups left out per run: torchft {t.get('left_out', 0.0):.1f}, "
-            f"escape + shrink/torchft {e.get('left_out', 0.0):.1f} (escape takes the faults of one rail)")
+            f"escape + shrink/torchft {e.get('left_out', 0.0):.1f} (escape takes the faults of one rail); escape + "
+            f"shrink/torchft against torchft alone: {_y(res['saved']['escape_torchft']['yuan_saved'] - res['saved']['torchft']['yuan_saved'])} yuan per run")
 
 
 def cost_text(res: Dict[str, Any], p: SimParams) -> str:
