@@ -11,7 +11,7 @@ from linkescape.protocol.frames import HEADER_SIZE, Kind, pack_header, unpack_he
 
 def _data(seq: int, n: int = 1000) -> WireItem:
     frame = OutFrame(seq, 1, (seq - 1) * n, 0, memoryview(bytes([seq]) * n), False)
-    return WireItem(pack_header(Kind.DATA, seq, 0, 1, frame.offset, n, 0), frame)
+    return WireItem(pack_header(Kind.DATA, seq, 0, 1, frame.offset, n, 0, arg=3 * n), frame)  # (a message of three frames)
 
 
 def _kinds(sock: socket.socket, total: int):
@@ -41,8 +41,8 @@ def test_acks_and_notifications_overtake_queued_data_but_bye_keeps_its_place():
         assert link.flush()
         assert link.out_bytes == 0
         kinds = _kinds(b, 3 * (HEADER_SIZE + 1000) + 3 * HEADER_SIZE)
-        assert kinds == [("DATA", 1, 0), ("NOTIFY_SILENT", 0, 1), ("ACK", 0, 0), ("DATA", 2, 0),
-                         ("DATA", 3, 0), ("BYE", 0, 3)]
+        assert kinds == [("DATA", 1, 3000), ("NOTIFY_SILENT", 0, 1), ("ACK", 0, 0), ("DATA", 2, 3000),
+                         ("DATA", 3, 3000), ("BYE", 0, 3)]
     finally:
         a.close()
         b.close()
@@ -56,7 +56,7 @@ def test_a_control_frame_on_an_empty_link_is_simply_queued():
         link.queue(_data(1))
         link.queue_control(Kind.ACK, 0)
         assert link.flush()
-        assert _kinds(b, 3 * HEADER_SIZE + 1000) == [("HEARTBEAT", 0, 2), ("ACK", 0, 0), ("DATA", 1, 0)]
+        assert _kinds(b, 3 * HEADER_SIZE + 1000) == [("HEARTBEAT", 0, 2), ("ACK", 0, 0), ("DATA", 1, 3000)]
     finally:
         a.close()
         b.close()

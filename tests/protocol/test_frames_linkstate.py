@@ -8,11 +8,20 @@ from linkescape.protocol.linkstate import Ev, LinkStatus, PathPolicy, State, Tra
 
 
 def test_header_roundtrip_and_size():
-    raw = pack_header(Kind.DATA, seq=7, ack=3, msg=(1 << 63) | 5, offset=4096, length=100, sig=0xABC, arg=999, flags=1)
+    raw = pack_header(Kind.DATA, seq=7, ack=3, msg=(1 << 63) | 5, offset=4096, length=100, sig=0xABC, arg=9999, flags=1)
     assert len(raw) == HEADER_SIZE == 48
     h = unpack_header(raw)
     assert (h.kind, h.seq, h.ack, h.msg, h.offset, h.length, h.sig, h.arg, h.flags) == \
-        (Kind.DATA, 7, 3, (1 << 63) | 5, 4096, 100, 0xABC, 999, 1)
+        (Kind.DATA, 7, 3, (1 << 63) | 5, 4096, 100, 0xABC, 9999, 1)
+
+
+def test_a_data_frame_that_does_not_fit_its_message_is_a_protocol_error():
+    """Issue 48: the first frame of a message is matched by its size alone; one
+    longer than its message must cost its link, never be placed."""
+    for offset, length, arg in ((0, 16, 8), (4096, 100, 4195), (1 << 63, 1, 1 << 32 - 1)):
+        with pytest.raises(ProtocolError, match="message"):
+            unpack_header(pack_header(Kind.DATA, 1, 0, 5, offset, length, 0, arg=arg))
+    assert unpack_header(pack_header(Kind.DATA, 1, 0, 5, 4096, 100, 0, arg=4196)).length == 100
 
 
 def test_bad_frames_are_protocol_errors():

@@ -123,7 +123,8 @@ def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD, pos: int = 0) -> 
     a short buffer, an unknown kind, a control frame with a payload, or a
     payload larger than ``max_payload`` (the configured ``max_frame_bytes``;
     a RELAY frame carries a whole frame: its header more), so no length
-    field makes a reader allocate past that bound. Where a frame's seq, ack
+    field makes a reader allocate past that bound, or a DATA frame whose
+    payload does not fit its own message (``offset + length > arg``). Where a frame's seq, ack
     and offset belong is checked against the channel and the message
     (channel, engine), which know them."""
     if len(buf) - pos < HEADER_SIZE:
@@ -144,6 +145,10 @@ def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD, pos: int = 0) -> 
         raise ProtocolError(f"unknown frame kind {kind}")
     if kind == RELAY and not length:
         raise ProtocolError("RELAY frame without a frame in it")
+    if kind == DATA and offset + length > arg:  # (``arg``: the message's size, in every DATA frame)
+        # a frame that does not fit its own message: it lies (issue 48), whichever frame of the
+        # message it is; the first one is matched by ``arg`` alone, so nothing later would catch it
+        raise ProtocolError(f"DATA frame at offset {offset} with {length} bytes of a {arg}-byte message")
     return Header(kind, flags, seq, ack, msg, offset, length, sig, arg, rails)
 
 
