@@ -1,0 +1,227 @@
+"""``ProcessGroupLinkescape``: torchft's reconfigurable process group over linkescape.
+
+Modelled on torchft's ``ProcessGroupGloo``: ``configure`` (at every quorum)
+aborts the previous group and builds a :class:`ProcessGroupLinkEscape` from a
+store client of the quorum's prefixed store address; every collective goes
+to it through torchft's ``ProcessGroupWrapper``.
+
+What differs from torchft's Gloo group:
+
+* ``abort()`` fails every call in flight at once (the library's pending
+  operations end with an error; the torch works of the group are failed
+  first, so a caller blocked in ``wait()`` returns within milliseconds);
+* ``errored()`` reports a rank the group lost (its process ended, or every
+  path to it is gone) without waiting for a call to time out: torchft's
+  Manager then discards the step and its next quorum leaves the rank out;
+* ``set_timeout()`` applies to the live group too, not only to the next
+  ``configure``;
+* faults that leave a path (a cable, an optic, a flap) never reach torchft:
+  the group escapes to another rail, and no call fails.
+
+A new quorum builds new links, as Gloo's group does: torchft gives
+``configure`` only a store address, this replica's rank and the world size,
+not which ranks stayed (docs/torchft.md: the time it takes, against Gloo's).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import torch
+from torch.distributed import Store, Work
+from torchft.process_group import ProcessGroupWrapper
+
+from ..config import Config
+from ..errors import CommClosed, CommTimeout, PeerLost
+from ..torch.convert import seconds
+from ..torch.process_group import ProcessGroupLinkEscape, make_config
+from ..torch.work import LinkEscapeBackendError
+
+log = logging.getLogger("linkescape.torchft")
+
+BACKEND_NAME = "torchft-linkescape"
+
+
+class ProcessGroupLinkescape(ProcessGroupWrapper):
+    """A torchft process group whose every quorum is a linkescape group.
+
+    ``timeout``: the store's and each call's timeout (torchft's meaning);
+    ``config``: the linkescape :class:`~linkescape.config.Config` (default:
+    the ``LINKESCAPE_*`` environment); ``rails``: the rails' interface names
+    or addresses (default ``LINKESCAPE_RAILS``, else the interface that
+    reaches the store's host).
+    """
+
+    def __init__(self, timeout: timedelta = timedelta(seconds=60), *, config: Optional[Config] = None,
+                 rails: Optional[Sequence[str]] = None) -> None:
+        super().__init__(timeout=timeout)
+        self._config = config
+        self._rails = list(rails) if rails else None
+        self._lock = threading.Lock()
+        self._aborted: Optional[BaseException] = None  # why the current group was aborted
+
+    # ------------------------------------------------------------ torchft's hooks
+    def _create_pg(self, store: Store, rank: int, world_size: int) -> ProcessGroupLinkEscape:
+        timeout_s = seconds(self._timeout)
+        ranks = self._global_ranks if self._global_ranks and len(self._global_ranks) == world_size else None
+        name = f"torchft_quorum_{self._quorum_id}" if self._quorum_id is not None else "torchft"
+        try:
+            pg = ProcessGroupLinkEscape(store, rank, world_size, timeout=self._timeout, group_name=name,
+                                        global_ranks=ranks, config=make_config(timeout_s, self._config),
+                                        rails=self._rails)
+        except LinkEscapeBackendError as exc:
+            if "CommTimeout" in str(exc) or "RendezvousError" in str(exc):
+                # torchft's tests and callers recognise Gloo's words for a store that never filled
+                raise LinkEscapeBackendError(f"{exc} (timeout after {timeout_s * 1e3:.0f}ms)", exc.cause,
+                                             op="configure", rank=rank, group=name) from exc
+            raise
+        with self._lock:
+            self._aborted = None
+        return pg
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def _wrap_work(self, work: Work, opts: object) -> Work:
+        return _Work(work)
+
+    @contextmanager
+    def _run_context(self):
+        # a call refused at once (a lost rank, a closed group) raises in torchft's words too
+        try:
+            yield
+        except LinkEscapeBackendError as exc:
+            _reraise(exc)
+
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int,
+                  quorum_id: Optional[int] = None, group_rank: Optional[int] = None,
+                  group_world_size: Optional[int] = None, global_ranks: Optional[list] = None) -> None:
+        """Abort the current group (its calls in flight fail) and build the quorum's."""
+        super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
+                          global_ranks)
+
+    def abort(self, errored: bool = True) -> None:
+        """End every call in flight with an error, close the links at once."""
+        pg = self._pg
+        if isinstance(pg, ProcessGroupLinkEscape):
+            why = CommClosed(f"process group aborted (quorum {self._quorum_id})")
+            with self._lock:
+                self._aborted = why
+            # the collectives in flight first: their callers return now, not when the links are torn down
+            with pg._state_lock:
+                works = list(pg._inflight.values())
+            for w in works:
+                w._fail(why)
+        super().abort(errored=errored)
+
+    def shutdown(self) -> None:
+        """Close the group, saying goodbye to the peers (they see this rank leave at once)."""
+        pg, self._pg = self._pg, None
+        if isinstance(pg, ProcessGroupLinkEscape):
+            pg.shutdown()
+
+    def errored(self) -> Optional[Exception]:
+        """The error that requires a new quorum: a rank the group lost (its
+        process ended, or no path to it is left), or ``None``."""
+        pg = self._pg
+        if not isinstance(pg, ProcessGroupLinkEscape):
+            return None
+        lost = pg.lost_peers
+        if not lost:
+            return None
+        peer, cause = sorted(lost.items())[0]
+        return LinkEscapeBackendError(f"linkescape process group aborted on rank {pg._le_rank}: lost rank(s) "
+                                      f"{sorted(lost)}: {type(cause).__name__}: {cause}", cause, op="errored",
+                                      rank=pg._le_rank, peer=peer, group=pg.group_name)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The timeout of the next ``configure`` and of the live group's later calls."""
+        super().set_timeout(timeout)
+        pg = self._pg
+        if isinstance(pg, ProcessGroupLinkEscape):
+            pg.set_timeout(timeout)
+
+    @property
+    def communicator(self):
+        """The current quorum's :class:`~linkescape.Communicator` (faults, counters), or ``None``."""
+        pg = self._pg
+        return pg.communicator if isinstance(pg, ProcessGroupLinkEscape) else None
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupLinkescape(pg={self._pg!r})"
+
+
+# Gloo's words for a peer whose process closed its end or ended, and for a
+# timeout: torchft and its tests recognise the errors that ask for a new quorum
+# by them.
+_CLOSED = ("closed its communicator", "closed every link")
+
+
+def _torchft_error(exc: BaseException) -> BaseException:
+    """``exc`` with Gloo's words added where a peer closed or ended, or a call timed out (the type stays)."""
+    cause = getattr(exc, "cause", None)
+    if not isinstance(exc, LinkEscapeBackendError):
+        return exc
+    if isinstance(cause, PeerLost) and any(w in str(cause) for w in _CLOSED):
+        words = "Connection closed by peer"
+    elif isinstance(cause, CommTimeout):
+        words = "Timed out waiting for the peers"
+    else:
+        return exc
+    return LinkEscapeBackendError(f"{exc} ({words})", cause, op=exc.op, rank=exc.rank,
+                                  peer=exc.peer, global_peer=exc.global_peer, group=exc.group)
+
+
+def _reraise(exc: BaseException):
+    new = _torchft_error(exc)
+    if new is exc:
+        raise exc
+    raise new from exc
+
+
+class _Work(Work):
+    """A linkescape work whose error torchft recognises (see :func:`_torchft_error`)."""
+
+    def __init__(self, work: Work) -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        try:
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        except Exception as exc:  # noqa: BLE001 - re-raised, in torchft's words
+            _reraise(exc)
+
+    def get_future(self) -> "torch.futures.Future":
+        def value(fut):
+            try:
+                return fut.value()
+            except Exception as exc:  # noqa: BLE001 - re-raised, in torchft's words
+                _reraise(exc)
+        return self._work.get_future().then(value)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        exc = self._work.exception()
+        return _torchft_error(exc) if exc is not None else None
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self):
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+
+
+__all__ = ["ProcessGroupLinkescape", "BACKEND_NAME"]

@@ -1,0 +1,151 @@
+"""linkescape.torchft.ProcessGroupLinkescape: configure per quorum, abort,
+errored, set_timeout, shutdown; ranks are threads of this process over
+loopback, as in torchft's own process group tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchft")
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed import TCPStore  # noqa: E402
+
+from linkescape.errors import CommClosed, CommTimeout, PeerLost  # noqa: E402
+from linkescape.torch.work import LinkEscapeBackendError  # noqa: E402
+from linkescape.torchft import ProcessGroupLinkescape  # noqa: E402
+
+SUM = dist.ReduceOp.SUM
+
+
+@pytest.fixture
+def store():
+    s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    yield s
+
+
+def _configure(pgs, store, prefix, quorum_id=0):
+    addr = f"127.0.0.1:{store.port}/{prefix}"
+    with ThreadPoolExecutor(len(pgs)) as ex:
+        list(ex.map(lambda r: pgs[r].configure(addr, str(r), r, len(pgs), quorum_id), range(len(pgs))))
+
+
+def _allreduce(pgs):
+    def one(r):
+        t = torch.tensor([float(r + 1)])
+        pgs[r].allreduce([t], SUM).wait()
+        return t.item()
+    with ThreadPoolExecutor(len(pgs)) as ex:
+        return list(ex.map(one, range(len(pgs))))
+
+
+def _close(pgs):
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_each_quorum_gets_a_working_group(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=20)) for _ in range(3)]
+    try:
+        for q in range(3):
+            _configure(pgs, store, f"q{q}", quorum_id=q)
+            assert _allreduce(pgs) == [6.0, 6.0, 6.0]
+            assert all(pg.size() == 3 and pg.errored() is None for pg in pgs)
+        # a smaller quorum: the third replica left
+        survivors = pgs[:2]
+        pgs[2].shutdown()
+        _configure(survivors, store, "q3", quorum_id=3)
+        assert _allreduce(survivors) == [3.0, 3.0]
+        assert survivors[0].getBackendName() == "torchft-linkescape"
+        assert survivors[0].communicator.world_size == 2
+    finally:
+        _close(pgs)
+
+
+def test_abort_ends_every_call_in_flight_within_100ms(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=30)) for _ in range(2)]
+    try:
+        _configure(pgs, store, "abort")
+        # rank 0 calls, rank 1 never does: the calls wait for it
+        works = [pgs[0].allreduce([torch.ones(4)], SUM), pgs[0].barrier()]
+        time.sleep(0.2)
+        assert not any(w.is_completed() for w in works)
+        t0 = time.monotonic()
+        pgs[0].abort()
+        for w in works:
+            with pytest.raises(LinkEscapeBackendError) as info:
+                w.wait()
+            assert isinstance(info.value.cause, CommClosed)
+        took = time.monotonic() - t0
+        assert took < 0.1, f"abort took {took * 1e3:.0f} ms to end the calls in flight"
+        # the peer learns it at once too, and a new quorum works again
+        _configure(pgs, store, "after-abort", quorum_id=1)
+        assert _allreduce(pgs) == [3.0, 3.0]
+    finally:
+        _close(pgs)
+
+
+def test_errored_names_a_rank_that_left(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=30)) for _ in range(3)]
+    try:
+        _configure(pgs, store, "errored")
+        assert pgs[0].errored() is None
+        pgs[2].abort()  # as a replica whose process ends: its sockets close without a goodbye
+        deadline = time.monotonic() + 5
+        while pgs[0].errored() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        err = pgs[0].errored()
+        assert isinstance(err, LinkEscapeBackendError) and isinstance(err.cause, PeerLost)
+        assert err.peer == 2 and "aborted" in str(err)
+        # a collective among the others now fails at once, in words torchft knows
+        with pytest.raises(LinkEscapeBackendError) as info:
+            pgs[0].allreduce([torch.ones(1)], SUM).wait()
+        assert isinstance(info.value.cause, PeerLost)
+    finally:
+        _close(pgs)
+
+
+def test_set_timeout_applies_to_the_live_group(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=60)) for _ in range(2)]
+    try:
+        _configure(pgs, store, "timeout")
+        pgs[0].set_timeout(timedelta(seconds=0.5))
+        t0 = time.monotonic()
+        with pytest.raises(LinkEscapeBackendError) as info:
+            pgs[0].allreduce([torch.ones(1)], SUM).wait()  # rank 1 never joins
+        took = time.monotonic() - t0
+        assert isinstance(info.value.cause, CommTimeout)
+        assert 0.4 < took < 5, took
+        assert "Timed out waiting" in str(info.value)
+    finally:
+        _close(pgs)
+
+
+def test_configure_times_out_when_the_quorum_never_fills(store):
+    pg = ProcessGroupLinkescape(timeout=timedelta(seconds=0.2))
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="timeout after 200ms"):
+        pg.configure(f"127.0.0.1:{store.port}/alone", "0", 0, 2)
+    assert time.monotonic() - t0 < 5
+
+
+def test_import_linkescape_does_not_import_torchft():
+    code = "import sys, linkescape, linkescape.torch; print('torchft' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_torchft_names_the_extra():
+    code = ("import sys; sys.modules['torchft'] = None\n"
+            "try:\n import linkescape.torchft\nexcept ImportError as e:\n print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "MissingExtra" in out.stdout and "pip install 'linkescape[torchft]'" in out.stdout
