@@ -86,3 +86,59 @@ def test_a_relayed_peer_never_relays():
     router, _ = _router([_peer(1), _peer(2), _peer(3, load=9)])
     router.peers[2].relay = object()  # we reach 2 through a relay ourselves: never a relay of a relay
     assert router.choose(1).via == 3
+
+
+class _Link:
+    """A live link of the relay to a destination: it holds what is queued."""
+
+    def __init__(self) -> None:
+        self.rail = 0
+        self.out_bytes = 0
+        self.items = []
+
+    def queue(self, item) -> None:
+        self.items.append(item)
+        self.out_bytes += item.total
+
+
+def _relay(world: int):
+    peers = [_peer(r) for r in range(1, world)]
+    for p in peers:
+        p.links = [_Link()]
+    return _router(peers)[0]
+
+
+def _flood(router, src: int, dsts, frame: int) -> int:
+    """``src`` asks the relay (rank 0) to pass frames on to every rank of ``dsts`` while it admits them
+    (and nothing is written meanwhile: the destinations' sockets are full); the bytes the relay then holds."""
+    for _ in range(64):
+        for dst in dsts:
+            if router.admit(src, dst, frame):
+                assert router.forward(src, dst, memoryview(bytearray(frame))) is not None
+    return sum(router.held.values())
+
+
+def test_one_source_cannot_make_a_relay_hold_a_window_per_destination():
+    """Issue 48 item 5: the bound was per pair, so one hostile rank that asked a relay to pass
+    frames on to each of N ranks made it hold N windows."""
+    from linkescape.engine import relay
+
+    source_windows, relay_windows = getattr(relay, "SOURCE_WINDOWS", 2), getattr(relay, "RELAY_WINDOWS", 16)
+    window, frame = 4 << 20, 1 << 20
+    router = _relay(64)
+    held = _flood(router, 1, range(2, 64), frame)
+    assert held <= source_windows * window + frame, held >> 20
+    assert router.held_by_src == {1: held} and router.held_total == held
+    # every source together: bounded by the relay's share, not by the number of ranks
+    for src in range(2, 40):
+        _flood(router, src, [d for d in range(1, 64) if d != src][:4], frame)
+    assert router.held_total <= relay_windows * window + frame, router.held_total >> 20
+    assert router.held_total == sum(router.held.values()) == sum(router.held_by_src.values())
+    # writing what is held releases it, and the sources may go on
+    for p in router.peers.values():
+        for item in p.links[0].items:
+            item.on_sent()
+        p.links[0].items.clear()
+    assert router.held_total == 0 and not router.held and not router.held_by_src
+    assert sorted(router.take_unblocked())[:3] == [1, 2, 3]
+    assert router.admit(1, 2, frame)

@@ -15,8 +15,17 @@ broken by a hash of the pair, so several broken pairs spread over several
 ranks and the two ends of a pair tend to pick the same one.
 
 What C holds (``RelayRouter.admit`` / ``forward``): frame by frame, never a
-whole message, at most ``window`` bytes per relayed pair; a frame beyond it
-waits in the source's socket (its link parks). A frame for a rank C has no
+whole message, at most ``window`` bytes per relayed pair, at most
+``SOURCE_WINDOWS`` windows for all the pairs of one source (a rank that asks
+C to relay to every other rank gets no more), and at most ``RELAY_WINDOWS``
+windows in all (issue 48: bounded per relay, not per pair); a frame beyond
+a bound waits in the source's socket (its link parks). A source that holds
+nothing there has a frame admitted whatever its size (unless C is full), and
+bytes count once a frame is queued, so each link being read may bring one
+frame on top: one source costs C at most ``SOURCE_WINDOWS * window`` plus a
+frame per link of it (``LINKESCAPE_MAX_FRAME_BYTES``), whatever the number
+of ranks; all sources together ``RELAY_WINDOWS * window`` plus a frame per
+link being read. A frame for a rank C has no
 link to is dropped and the source is told (RELAY_UNREACH); a link of C's to
 B that fails takes the frames it held with it, and every source relaying
 to B through C is told to send again (RELAY_RESET). A link of ours to C
@@ -53,6 +62,10 @@ RELAY_RTO = 0.2
 #: engine.core.RELAY_RETRY: a refusal says what the rank could reach then, and faults come and go
 #: faster; with 2 s a pair that lost its path again soon after found every rank still refused)
 REFUSAL_MEMORY = 0.5
+#: the bytes one source may have a relay hold, for all its pairs together, in relay windows
+SOURCE_WINDOWS = 2
+#: the bytes a relay holds for all the pairs it relays together, in relay windows
+RELAY_WINDOWS = 16
 
 
 class RelayPath:
@@ -118,6 +131,9 @@ class RelayRouter:
         self.clock = clock
         #: (src, dst) -> bytes held for that pair now
         self.held: Dict[Tuple[int, int], int] = {}
+        #: src -> bytes held for all its pairs now, and the bytes held in all
+        self.held_by_src: Dict[int, int] = {}
+        self.held_total = 0
         #: (src, dst) -> bytes passed on in all (a metric)
         self.passed: Dict[Tuple[int, int], int] = {}
         #: (src, dst) -> when we last passed a frame of that pair on
@@ -185,14 +201,23 @@ class RelayRouter:
 
     # ------------------------------------------------------------ as the relay
     def admit(self, src: int, dst: int, nbytes: int) -> bool:
-        """May a frame of ``src`` for ``dst`` be read now (the pair's window)?
-        (The bytes count once the frame is queued: a frame read from each of
-        ``src``'s links may come on top, a bounded excess.)"""
-        held = self.held.get((src, dst), 0)
-        if held and held + nbytes > self.window:
-            self.blocked.add(src)
-            return False
-        return True
+        """May a frame of ``src`` for ``dst`` be read now: within the pair's
+        window, the source's share (``SOURCE_WINDOWS``) and the relay's
+        (``RELAY_WINDOWS``)? (The bytes count once the frame is queued: a
+        frame read from each of ``src``'s links may come on top, a bounded
+        excess; a source that holds nothing here is never kept waiting.)"""
+        mine = self.held_by_src.get(src, 0)
+        total = RELAY_WINDOWS * self.window
+        if not mine:  # its first frame here, whatever its size, unless the relay is full
+            if self.held_total < total:
+                return True
+        else:
+            held = self.held.get((src, dst), 0)
+            if not (held and held + nbytes > self.window) and mine + nbytes <= SOURCE_WINDOWS * self.window \
+                    and self.held_total + nbytes <= total:
+                return True
+        self.blocked.add(src)
+        return False
 
     def forward(self, src: int, dst: int, frame: memoryview) -> Optional[Link]:
         """Pass a frame of ``src`` on to ``dst``; the link it was queued on,
@@ -205,6 +230,8 @@ class RelayRouter:
         if not links:
             return None
         self.held[key] = self.held.get(key, 0) + n
+        self.held_by_src[src] = self.held_by_src.get(src, 0) + n
+        self.held_total += n
         link = links[0] if len(links) == 1 else min(links, key=lambda l: l.out_bytes)
         header = pack_header(RELAY, 0, 0, arg=src, length=n, flags=FLAG_PASSED, rails=self.rail_word.word)
         link.queue(WireItem(header, _Relayed(frame), on_sent=lambda: self._release(key, n)))
@@ -218,6 +245,13 @@ class RelayRouter:
             self.held[key] = left
         else:
             self.held.pop(key, None)
+        src = key[0]
+        left = self.held_by_src.get(src, 0) - n
+        if left > 0:
+            self.held_by_src[src] = left
+        else:
+            self.held_by_src.pop(src, None)
+        self.held_total = max(0, self.held_total - n)
 
     def sources_for(self, dst: int) -> List[int]:
         """Ranks whose frames we passed on to ``dst`` lately."""
@@ -235,7 +269,10 @@ class RelayRouter:
         """Sources whose parked links may read again (some window opened)."""
         if not self.blocked:
             return []
-        out = [s for s in self.blocked if all(self.held.get((s, d), 0) < self.window for d in self._dsts(s))]
+        if self.held_total >= RELAY_WINDOWS * self.window:
+            return []
+        out = [s for s in self.blocked if self.held_by_src.get(s, 0) < SOURCE_WINDOWS * self.window
+               and all(self.held.get((s, d), 0) < self.window for d in self._dsts(s))]
         for s in out:
             self.blocked.discard(s)
         return out
