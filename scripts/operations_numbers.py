@@ -75,8 +75,9 @@ def _y(v: float) -> str:
 
 
 # ------------------------------------------------------------------ tables
-AGREE = ["", "--coverage rail-optimized", "--coverage dual-plane", "--no-path-seconds 60", "--rails 2",
-         "--rails 2 --no-relay", "--rails 2 --policy stripe", "--gpus 100000"]
+AGREE = ["", "--coverage rail-optimized", "--coverage dual-plane", "--no-path-seconds 1800",
+         "--flap-share 0 --reboot-share 0", "--rails 2", "--rails 2 --no-relay", "--rails 2 --policy stripe",
+         "--gpus 100000"]
 
 
 def table_agree(r: Runner) -> List[str]:
@@ -103,11 +104,11 @@ def table_seeds(r: Runner) -> List[str]:
 
 
 def table_band(r: Runner) -> List[str]:
-    rows = ["| `--coverage` | `linkescape cost --coverage X` | rates' 95 % band | with `--no-path-seconds 60` "
+    rows = ["| `--coverage` | `linkescape cost --coverage X` | rates' 95 % band | with `--no-path-seconds 1800` "
             "| with `--rails 2` | with `--rails 2 --no-relay` |", "|---|---|---|---|---|---|"]
     for cov in ("rail-optimized", "dual-plane", "tor"):
         d = r.json(f"linkescape cost --coverage {cov}")
-        w = r.json(f"linkescape cost --coverage {cov} --no-path-seconds 60")["yuan_saved"]
+        w = r.json(f"linkescape cost --coverage {cov} --no-path-seconds 1800")["yuan_saved"]
         two = r.json(f"linkescape cost --coverage {cov} --rails 2")["yuan_saved"]
         relay = r.json(f"linkescape cost --coverage {cov} --rails 2 --no-relay")["yuan_saved"]
         rb = d["rate_band"]
@@ -121,12 +122,14 @@ def table_baselines(r: Runner) -> List[str]:
             "| the same, `--coverage rail-optimized` |", "|---|---|---|---|---|---|"]
     d, ro = r.json("linkescape cost"), r.json("linkescape cost --coverage rail-optimized")
     labels = {"restart": "restart from checkpoint", "escape": "escape (linkescape, active-backup)",
-              "nccl": "NCCL 2.30 port failover", "torchft": "torchft FT-HSDP (closed form)"}
+              "nccl": "NCCL 2.30 port failover", "torchft": "torchft FT-HSDP",
+              "escape_torchft": "escape + shrink/torchft"}
     for m, label in labels.items():
         saved = d["saved"].get(m, {}).get("yuan_saved", 0.0)
         saved_ro = ro["saved"].get(m, {}).get("yuan_saved", 0.0)
-        ints = "-" if m == "torchft" else f"{d[m]['interruptions']:.1f}"
-        swaps = "-" if m == "torchft" else f"{d[m].get('planned_swaps', 0.0):.1f}"
+        ft = m in ("torchft", "escape_torchft")
+        ints = f"- ({d[m]['left_out']:.1f} groups left out)" if ft else f"{d[m]['interruptions']:.1f}"
+        swaps = "-" if ft else f"{d[m].get('planned_swaps', 0.0):.1f}"
         rows.append(f"| {label} | {d[m]['ettr']:.4f} | {ints} | {swaps} | {_y(saved)} | {_y(saved_ro)} |")
     return rows
 
@@ -145,7 +148,12 @@ VALUES: Dict[str, Tuple[str, Callable[[dict], str]]] = {
     "saved": ("linkescape cost", lambda d: _y(d["yuan_saved"])),
     "avoided": ("linkescape cost", lambda d: f"{d['saved']['escape']['interruptions_avoided']:.1f}"),
     "waited": ("linkescape cost", lambda d: f"{d['escape']['wait_hours']:.1f}"),
-    "saved-60": ("linkescape cost", lambda d: _y(d["short_wait_saved"])),
+    "saved-1800": ("linkescape cost --no-path-seconds 1800", lambda d: _y(d["yuan_saved"])),
+    "ft-saved": ("linkescape cost", lambda d: _y(d["saved"]["torchft"]["yuan_saved"])),
+    "ft-escape-adds": ("linkescape cost", lambda d: _y(d["saved"]["escape_torchft"]["yuan_saved"]
+                                                       - d["saved"]["torchft"]["yuan_saved"])),
+    "restart-cost": ("linkescape cost --break-even", lambda d: _y(d["restart_cost_s"])),
+    "best-wait": ("linkescape cost --break-even", lambda d: f"{d['best_wait_s']:g}"),
     "saved-rail": ("linkescape cost --coverage rail-optimized", lambda d: _y(d["yuan_saved"])),
     "saved-dual": ("linkescape cost --coverage dual-plane", lambda d: _y(d["yuan_saved"])),
     "nic-lo": ("linkescape cost", lambda d: f"{d['rate_band']['nic_interval'][0]:.2f}"),

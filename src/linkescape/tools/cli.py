@@ -252,8 +252,11 @@ def _given(name: str) -> bool:
 @click.option("--break-even", "break_even", is_flag=True,
               help="The no-path wait against a restart: each repair time's verdict, and the savings across waits "
                    "(LINKESCAPE_NO_PATH_TIMEOUT's default is the best at the defaults).")
+@click.option("--tornado", "tornado", is_flag=True,
+              help="Escape's savings with each assumed input at the low and the high end of its range (what "
+                   "`linkescape simulate --plot` draws).")
 @click.option("--json", "as_json", is_flag=True, help="Every mode, the savings, the bands, as JSON.")
-def cost(scenario, break_even, as_json, **kw) -> None:
+def cost(scenario, break_even, tornado, as_json, **kw) -> None:
     """What network faults cost a training run and what escape saves: the model in closed form."""
     from .cost import compute, seed_article
     from .modeltext import cost_text, seed_text
@@ -264,6 +267,12 @@ def cost(scenario, break_even, as_json, **kw) -> None:
 
         d = compute_break_even(p)
         click.echo(json.dumps(d, indent=1, default=str) if as_json else break_even_text(d), nl=as_json)
+        return
+    if tornado:
+        from .tornado import tornado as compute_tornado, tornado_text
+
+        d = compute_tornado(p)
+        click.echo(json.dumps(d, indent=1, default=str) if as_json else tornado_text(d), nl=as_json)
         return
     res = compute(p)
     if scenario == "seed-article":
