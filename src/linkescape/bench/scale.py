@@ -35,6 +35,19 @@ side in the same processes:
   before the timed rounds, as timing tools do: left to chance, it fell into
   the round of whichever backend happened to run then (at 2 ranks one 80 ms
   stall in 200 calls tripled that round's mean).
+- ``allreduce_4B_isolated_us`` and ``allreduce_1MiB_isolated_us``: the isolated
+  call, as the first gradient bucket of a step meets it: the backend's own
+  barrier, then one timed call (``ISOLATED_CALLS`` of them per round, after
+  each round's loop, backends alternating as in the loop); per call the
+  slowest rank, then the median over every call of every round. In the loop
+  the ranks drift apart and overlap one call with the next; here every rank
+  arrives at once;
+- ``..._cpu_us``, ``..._vcsw``, ``..._ivcsw`` (after ``allreduce_4B``,
+  ``allreduce_4B_isolated``, ``allreduce_1MiB``, ``allreduce_1MiB_isolated``):
+  per call and per rank (the median rank), the CPU microseconds, voluntary and
+  involuntary context switches of the rank process (getrusage RUSAGE_SELF,
+  every thread: see ``usage.py``), over the timed calls only (not the
+  barriers).
 
 Rows go to stdout as a table and, with ``--json``, as JSON Lines.
 """
@@ -53,10 +66,13 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from .. import jsonl
+from . import usage
 
 PREFIX = "@@scale "
 RAILS = ["127.0.0.1", "127.0.0.2"]
 BACKENDS = ("linkescape", "gloo")
+#: isolated calls per round at 4 B and at 1 MiB (each after a barrier of its backend)
+ISOLATED_CALLS = (50, 10)
 
 
 # ====================================================================== rank side
@@ -206,7 +222,9 @@ class ScaleRank:
                    "store_calls_per_s": {"linkescape": calls[0] / wall, "gloo": calls[1] / wall},
                    "times": {}}
         gc.collect()  # the imports' full collection, before any timed round (see the module doc)
-        for size, iters in ((4, 200), (1 << 20, 20)):
+        results["usage"], results["isolated"], results["isolated_usage"] = {}, {}, {}
+        barrier_by = {"linkescape": comm.barrier, "gloo": dist.barrier}
+        for size, iters, alone in ((4, 200, ISOLATED_CALLS[0]), (1 << 20, 20, ISOLATED_CALLS[1])):
             buf = np.ones(size // 4, np.float32)
             tbuf = torch.from_numpy(buf.copy())
             calls_by = {"linkescape": lambda: comm.all_reduce(buf),
@@ -215,15 +233,37 @@ class ScaleRank:
                 for _ in range(5):
                     calls_by[name]()
             per = {name: [] for name in BACKENDS}
+            use = {name: {} for name in BACKENDS}
+            one = {name: [] for name in BACKENDS}
+            one_use = {name: {} for name in BACKENDS}
             for r in range(self.rounds):
                 order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
-                for name in order:
+                for name in order:  # the loop: calls back to back
                     self.barrier()
+                    call = calls_by[name]
+                    u0 = usage.now()
                     t0 = time.perf_counter()
                     for _ in range(iters):
-                        calls_by[name]()
+                        call()
                     per[name].append((time.perf_counter() - t0) / iters * 1e6)
+                    usage.add(use[name], u0, usage.now())
+                for name in order:  # the isolated call: the backend's barrier, then one timed call
+                    self.barrier()
+                    call, bar, clock, now = calls_by[name], barrier_by[name], time.perf_counter, usage.now
+                    for _ in range(alone):
+                        bar()
+                        u0 = now()
+                        t0 = clock()
+                        call()
+                        t1 = clock()
+                        usage.add(one_use[name], u0, now())
+                        one[name].append((t1 - t0) * 1e6)
             results["times"][str(size)] = per
+            results["usage"][str(size)] = {b: {k: v / (iters * self.rounds) for k, v in use[b].items()}
+                                           for b in BACKENDS}
+            results["isolated"][str(size)] = one
+            results["isolated_usage"][str(size)] = {b: {k: v / (alone * self.rounds) for k, v in one_use[b].items()}
+                                                    for b in BACKENDS}
         # A torch group of each backend (what init_process_group builds: torch's side, the backend's
         # constructor), Gloo's first: linkescape's opens its links after it returns, in the background.
         from ..torch.backend import _autoload
@@ -332,16 +372,32 @@ def summarize(n: int, ranks: List[dict]) -> dict:
                "idle_cpu_per_rank": statistics.median(r["idle_cpu"][b] for r in ranks),
                "store_calls_per_s_per_rank": statistics.median(r["store_calls_per_s"][b] for r in ranks),
                "fds_per_rank": statistics.median(r["fds"][b] for r in ranks)}
-        for size, key in (("4", "allreduce_4B_us"), (str(1 << 20), "allreduce_1MiB_us")):
+        for size, key in (("4", "allreduce_4B"), (str(1 << 20), "allreduce_1MiB")):
             rounds = len(ranks[0]["times"][size][b])
             worst = [max(r["times"][size][b][i] for r in ranks) for i in range(rounds)]
-            rec[key] = statistics.median(worst)
+            rec[key + "_us"] = statistics.median(worst)
+            calls = len(ranks[0]["isolated"][size][b])
+            worst = [max(r["isolated"][size][b][i] for r in ranks) for i in range(calls)]
+            rec[key + "_isolated_us"] = statistics.median(worst)
+            for mode, field in (("", "usage"), ("_isolated", "isolated_usage")):
+                for k in usage.KEYS:  # per call, the median rank
+                    rec[f"{key}{mode}_{k}"] = statistics.median(r[field][size][b][k] for r in ranks)
         row[b] = rec
     return row
 
 
 COLUMNS = (("idle_cpu_per_rank", "idle CPU/rank", "{:.4f}"), ("allreduce_4B_us", "4 B us", "{:.0f}"),
-           ("allreduce_1MiB_us", "1 MiB us", "{:.0f}"), ("init_s", "init s", "{:.2f}"),
+           ("allreduce_4B_isolated_us", "4 B isolated us", "{:.0f}"),
+           ("allreduce_4B_isolated_cpu_us", "4 B isolated CPU us/call/rank", "{:.0f}"),
+           ("allreduce_4B_isolated_vcsw", "4 B isolated vol. cs/call/rank", "{:.1f}"),
+           ("allreduce_4B_isolated_ivcsw", "4 B isolated invol. cs/call/rank", "{:.1f}"),
+           ("allreduce_4B_cpu_us", "4 B loop CPU us/call/rank", "{:.0f}"),
+           ("allreduce_1MiB_us", "1 MiB us", "{:.0f}"), ("allreduce_1MiB_isolated_us", "1 MiB isolated us", "{:.0f}"),
+           ("allreduce_1MiB_isolated_cpu_us", "1 MiB isolated CPU us/call/rank", "{:.0f}"),
+           ("allreduce_1MiB_isolated_vcsw", "1 MiB isolated vol. cs/call/rank", "{:.1f}"),
+           ("allreduce_1MiB_isolated_ivcsw", "1 MiB isolated invol. cs/call/rank", "{:.1f}"),
+           ("allreduce_1MiB_cpu_us", "1 MiB loop CPU us/call/rank", "{:.0f}"),
+           ("init_s", "init s", "{:.2f}"),
            ("group_s", "torch group s", "{:.2f}"),
            ("init_cpu_ms", "init CPU ms/rank", "{:.1f}"), ("links_s", "all links up s", "{:.2f}"),
            ("store_calls_per_s_per_rank", "store/s/rank", "{:.2f}"), ("fds_per_rank", "fds/rank", "{:.0f}"))
@@ -352,14 +408,18 @@ def format_row(row: dict) -> str:
     cells = [f"{row['world_size']:>4}"]
     for key, _title, fmt in COLUMNS:
         cells.append(f"{fmt.format(le[key])} / {fmt.format(gl[key])}")
-    cells.append(f"{le['allreduce_4B_us'] / gl['allreduce_4B_us']:.2f}x")
-    cells.append(f"{le['allreduce_1MiB_us'] / gl['allreduce_1MiB_us']:.2f}x")
+    for key in RATIOS:
+        cells.append(f"{le[key] / gl[key]:.2f}x" if gl[key] > 0 else "-")
     return " | ".join(cells)
+
+
+#: linkescape / gloo, after the columns: loop and isolated times
+RATIOS = ("allreduce_4B_us", "allreduce_4B_isolated_us", "allreduce_1MiB_us", "allreduce_1MiB_isolated_us")
 
 
 def header() -> str:
     return " | ".join(["   N"] + [f"{t} (linkescape / gloo)" for _k, t, _f in COLUMNS]
-                      + ["4 B ratio", "1 MiB ratio"])
+                      + ["4 B ratio", "4 B isolated ratio", "1 MiB ratio", "1 MiB isolated ratio"])
 
 
 def run_scale(sizes: List[int], json_path: Optional[str], echo: Callable[[str], None] = print,
