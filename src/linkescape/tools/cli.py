@@ -328,7 +328,7 @@ def simulate(trials, failure_log, sweep_spec, as_json, plot_path, **kw) -> None:
     res = run_simulation(p, faults)
     res["log"] = info
     cf = closed_form(rates_of_log(p, faults) if faults else p)
-    res["closed_form"] = {m: cf[m]["ettr"] for m in ("restart", "escape", "nccl", "torchft")}
+    res["closed_form"] = {m: cf[m]["ettr"] for m in ("restart", "escape", "nccl", "torchft", "escape_torchft")}
     res["closed_form"]["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
     if plot_path:
         from .tornado import tornado
