@@ -12,7 +12,8 @@ from linkescape.events import CAUSES, EVENTS, FIELDS, EventLog, expand_path, rea
 
 
 def test_contract_names():
-    assert EVENTS == ("link_down", "failover", "link_up", "failback", "no_path", "peer_lost", "relay_on", "relay_off")
+    assert EVENTS == ("link_down", "failover", "link_up", "failback", "no_path", "peer_lost", "relay_on", "relay_off",
+                      "shrink")
     assert CAUSES == ("carrier", "peer_carrier", "socket_error", "timeout", "protocol_error", "degraded",
                       "path_back", "unreachable", "via_lost")
 

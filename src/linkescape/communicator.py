@@ -23,11 +23,12 @@ from .engine.core import Engine
 from .engine.driver import Driver
 from .engine.recovery import Recovery
 from .engine.link import Link
-from .engine.messages import ANY_SOURCE, InMessage, Op, OutMessage
+from .engine.membership import shrink_locked
+from .engine.messages import ANY_SOURCE, EPOCH_SHIFT, InMessage, Op, OutMessage
 from .events import EventLog
 from .flight import FlightRecorder, watch_signal
 from .log import setup_logging
-from .errors import CommClosed, CommTimeout, InvalidBuffer, InvalidRank, PeerLost, UsageError
+from .errors import CommClosed, CommTimeout, GroupShrunk, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
 from .protocol.frames import P2P_FLAG
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails, start_up_peers
@@ -79,7 +80,7 @@ class Work:
     @property
     def source(self) -> Optional[int]:
         """The rank an any-source ``recv`` received from (None before it matched)."""
-        return self._op.source
+        return self._comm._group_rank(self._op.source)
 
     def exception(self) -> Optional[BaseException]:
         return self._op.error if self._op.done else None
@@ -131,6 +132,14 @@ class Communicator:
         self._call = threading.local()  # per-thread timeout of the calls in call_timeout()
         self._seq = 0
         self._p2p_seq = 0
+        #: a group made by ``shrink``: its rank -> the engine's (the first group's) rank; None: the same
+        self._ranks: Optional[tuple] = None
+        self._index: Optional[dict] = None
+        #: how many shrinks made this group: its collectives are numbered from ``epoch << EPOCH_SHIFT``
+        self._epoch = 0
+        #: this group closes the engine when it closes (a group a shrink replaced does not)
+        self._owner = True
+        self._closed_error: Optional[BaseException] = None
         rails = list(rails) if rails else (list(self.config.rails) if self.config.rails else None)
         self.rail_addrs, self.rail_ifnames = resolve_rails(rails, store)
         self.rails = [n or a for n, a in zip(self.rail_ifnames, self.rail_addrs)]
@@ -290,7 +299,13 @@ class Communicator:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise CommClosed("communicator is closed")
+            raise self._closed_error or CommClosed("communicator is closed")
+
+    def _group_rank(self, rank: Optional[int]) -> Optional[int]:
+        """The rank of this group of an engine rank (a shrunk group's ranks are renumbered)."""
+        if self._index is None or rank is None or rank < 0:
+            return rank
+        return self._index.get(rank, rank)
 
     def _array(self, buf, name: str, writable: bool = True) -> np.ndarray:
         if not isinstance(buf, np.ndarray):
@@ -330,7 +345,7 @@ class Communicator:
                 msg = 0
             else:
                 self._seq += 1
-                seq = msg = self._seq
+                seq = msg = (self._epoch << EPOCH_SHIFT) + self._seq
             if timeout is None:
                 timeout = getattr(self._call, "timeout", None) or self.config.timeout
             deadline = time.monotonic() + timeout
@@ -339,6 +354,13 @@ class Communicator:
             # must get a mismatch error, not wait for messages never sent.
             sched = Schedule(op, self.rank, self.world_size, msg, _signature(name, *sig_fields, *self._sig_tail))
             build(sched)
+            if self._ranks is not None:  # a shrunk group: its ranks are the engine's survivors
+                ranks = self._ranks
+                for m in op.sends:
+                    m.peer = ranks[m.peer]
+                for m in op.recvs:
+                    if m.peer != ANY_SOURCE:
+                        m.peer = ranks[m.peer]
             if finish is not None:
                 op.callbacks.insert(0, lambda o: finish() if o.error is None else None)
             flight = self._flight
@@ -566,7 +588,7 @@ class Communicator:
         raw = byte_view(buf)
 
         def build(s):
-            m = OutMessage(s.op, dst, msg, 0, raw)
+            m = OutMessage(s.op, dst, msg, self._epoch & 0xFFFFFFFF, raw)
             s.op.sends.append(m)
             s.op.protect(raw)
 
@@ -584,14 +606,14 @@ class Communicator:
         op_box = []
 
         def build(s):
-            s.op.recvs.append(InMessage(s.op, src, msg, 0, len(raw), dst=raw))
+            s.op.recvs.append(InMessage(s.op, src, msg, self._epoch & 0xFFFFFFFF, len(raw), dst=raw))
             s.op.pending_recvs += 1
             op_box.append(s.op)
 
         work = self._run("recv", (_ops.signature_dtype(buf.dtype), buf.size, src, tag), build, async_op, p2p=True)
         if async_op:
             return work
-        return src if src != ANY_SOURCE else op_box[0].source
+        return src if src != ANY_SOURCE else self._group_rank(op_box[0].source)
 
     # ------------------------------------------------------------------ faults and counters
     def inject_fault(self, rail: int, kind: str) -> float:
@@ -667,10 +689,78 @@ class Communicator:
         """Close at once: pending operations fail, nothing more is delivered."""
         self._shutdown(graceful=False)
 
+    # ------------------------------------------------------------------ shrink
+    def shrink(self, exclude: Sequence[int], abort: bool = True) -> "Communicator":
+        """A new communicator of the ranks not in ``exclude``, over this one's
+        links (no handshake, no store exchange). Only the survivors call it, each
+        with the same ``exclude``; ranks are renumbered densely in their old
+        order, as torch's ``shrink_group`` does. Operations in flight fail with
+        ``GroupShrunk`` first (``abort=False``: refused with UsageError while any
+        is). This communicator is closed by it (``GroupShrunk``); the new one
+        keeps its rails, backups, relays (through survivors), auth, metrics and
+        events, and emits the ``shrink`` event. Errors of the new group name
+        ranks in the numbering of the first group (the engine's)."""
+        self._check_open()
+        started = time.monotonic()
+        try:
+            gone = sorted({int(r) for r in exclude})
+        except (TypeError, ValueError):
+            raise UsageError(f"exclude must be a sequence of ranks, not {exclude!r}") from None
+        for r in gone:
+            if not 0 <= r < self.world_size:
+                raise InvalidRank(r, self.world_size, "exclude")
+        if self.rank in gone:
+            raise UsageError(f"rank {self.rank} is in exclude: only the ranks that stay call shrink")
+        if len(gone) != len(list(exclude)):
+            raise UsageError(f"exclude names a rank twice: {list(exclude)}")
+        if not gone:
+            raise UsageError("exclude is empty: name at least one rank to leave out")
+        old = self._ranks or range(self.world_size)
+        out = set(gone)
+        keep = [r for r in range(self.world_size) if r not in out]
+        ranks = tuple(old[r] for r in keep)
+        epoch = self._epoch + 1
+        with self._post_lock:  # nothing is posted on the old group meanwhile
+            self._check_open()
+            ended = self._driver.call(lambda: shrink_locked(self._engine, [old[r] for r in gone], epoch, abort))
+            new = object.__new__(Communicator)
+            new.__dict__.update(self.__dict__)
+            new._call = threading.local()
+            new._ranks = ranks
+            new._index = {e: i for i, e in enumerate(ranks)}
+            new.rank = new._index[old[self.rank]]
+            new.world_size = len(ranks)
+            new._epoch = epoch
+            new._seq = 0
+            c = self.config
+            # ranks that shrank differently get a mismatch error, not each other's data
+            new._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.halving_ranks, c.halving_bytes, epoch,
+                             zlib.crc32(repr(ranks).encode()))
+            self._owner = False
+            self._closed = True
+            self._closed_error = GroupShrunk(f"the group was shrunk (ranks {gone} left out): use the communicator "
+                                             f"shrink returned", excluded=gone)
+        took = time.monotonic() - started
+        self.events.emit("shrink", peer=None, rail=None, excluded=[old[r] for r in gone], old_size=self.world_size,
+                         new_size=new.world_size, duration_s=round(took, 6), epoch=epoch, ops_ended=ended)
+        log.info("rank %d: group shrunk from %d to %d ranks (left out %s) in %.1f ms; now rank %d", self.rank,
+                 self.world_size, new.world_size, gone, took * 1e3, new.rank)
+        return new
+
+    def set_timeout(self, seconds: float) -> None:
+        """The timeout of later operations; it also caps the no-path deadline (a call
+        never waits longer than this for a rank without a path)."""
+        if not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise UsageError(f"timeout must be a positive number of seconds, got {seconds!r}")
+        self.config = self.config.replace(timeout=float(seconds))
+        self._driver.call(lambda: self._engine.liveness.cap(float(seconds)))
+
     def _shutdown(self, graceful: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        if not self._owner:
+            return
         if getattr(self, "_metrics", None) is not None:
             self._metrics.close()
         if self._recovery is not None:

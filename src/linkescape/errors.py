@@ -166,4 +166,19 @@ class CommClosed(LinkEscapeError):
     """The communicator was closed locally; the operation did not run."""
 
 
+class GroupShrunk(CommClosed):
+    """The group was shrunk (``Communicator.shrink``): an operation in flight
+    on the old group was ended by it, or a call was made on the old group
+    after it. ``excluded``: the ranks the shrink left out (old numbering)."""
+
+    def __init__(self, message: str, *, excluded: Sequence[int] = ()):
+        super().__init__(message)
+        self.excluded = tuple(excluded)
+
+
+class RankExcluded(PeerLost):
+    """``peer`` was left out of the group by a shrink: nothing is sent to it or
+    taken from it any more (its links are closed, its re-dials refused)."""
+
+
 __all__ = [name for name in dir() if name[0].isupper() and name not in ("Optional", "Sequence")]

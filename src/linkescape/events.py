@@ -33,7 +33,8 @@ NO_PATH = "no_path"
 PEER_LOST = "peer_lost"
 RELAY_ON = "relay_on"    # no rail to the peer: its traffic goes through ``via``
 RELAY_OFF = "relay_off"  # not through ``via`` any more (``cause`` says why)
-EVENTS = (LINK_DOWN, FAILOVER, LINK_UP, FAILBACK, NO_PATH, PEER_LOST, RELAY_ON, RELAY_OFF)
+SHRINK = "shrink"        # the group left ranks out (``excluded``, ``old_size``, ``new_size``, ``duration_s``)
+EVENTS = (LINK_DOWN, FAILOVER, LINK_UP, FAILBACK, NO_PATH, PEER_LOST, RELAY_ON, RELAY_OFF, SHRINK)
 
 CARRIER = "carrier"            # our own NIC lost carrier (netlink)
 PEER_CARRIER = "peer_carrier"  # the peer told us its NIC lost carrier

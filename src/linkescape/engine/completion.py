@@ -100,6 +100,8 @@ class OpTable:
         if op.done:
             return
         op.error = exc
+        if op.collective:
+            self.matcher.failed(op.seq)  # what the others still send for it is dropped, not a mismatch
         peers = self.peers
         # What this op had posted can never be matched now.
         for m in op.sends:

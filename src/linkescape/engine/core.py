@@ -145,6 +145,11 @@ class Engine:
         self.liveness = Liveness(rank, nrails, config, clock, self.beacon)
         self.fatal: Optional[BaseException] = None
         self.closed = False
+        #: ranks a shrink left out (``membership.py``): never dialed, adopted or believed again
+        self.excluded: set = set()
+        #: rank -> LinkFailure, members past the no-path deadline: every collective fails at once
+        #: (it cannot complete without them) until a shrink leaves them out
+        self.expired: Dict[int, BaseException] = {}
         #: peers the timers look at (see ``PeerChannel.quiet``); every other peer costs nothing
         self.hot: set = set()
         #: links that are down, as (peer, rail): what Recovery re-dials, without a scan of all peers
@@ -252,8 +257,8 @@ class Engine:
 
     def adopt(self, link: Link, peer_expected: int) -> None:
         """A re-opened link (either side dialed): put it in service."""
-        if self.closed:
-            link.close()
+        if self.closed or link.peer in self.excluded:
+            link.close()  # (a rank left out by a shrink that dialed again)
             return
         peer = self.peers[link.peer]
         self._apply(peer, peer.open_link(link, peer_expected))
@@ -504,7 +509,12 @@ class Engine:
             self._lost(peer, verdict.error, verdict.cause)
         elif isinstance(verdict, Expired):
             peer.lost = verdict.error
+            self.expired[peer.rank] = verdict.error
             self.ops.fail_needing(peer, verdict.error)
+            # a collective needs every member, also through the others: it fails on this rank now,
+            # named after the rank without a path, not after its timeout
+            for op in [op for op in self.ops.ops if op.collective]:
+                self.ops.fail(op, verdict.error)
 
     def _lost(self, peer: PeerChannel, error: PeerLost, cause: str) -> None:
         """``peer`` is gone. Tell the other ranks first (over surviving links,
@@ -524,7 +534,7 @@ class Engine:
     def root_cause(self, error: Optional[PeerLost]) -> None:
         """Another rank found ``error.peer`` lost (a PEER_LOST frame, or the
         store's failure record): fail with it as the root cause."""
-        if error is None or self.fatal is not None or self.closed:
+        if error is None or self.fatal is not None or self.closed or error.peer in self.excluded:
             return
         peer = self.peers.find(error.peer)
         if peer is not None and peer.lost is None:
@@ -534,6 +544,8 @@ class Engine:
 
     def failure_record(self, record: dict) -> None:
         """(beacon thread) An authentic failure record of another rank."""
+        if record.get("by") in self.excluded:
+            return  # a rank left out by a shrink: what it says of the survivors is no evidence
         self.call_soon(lambda: self.root_cause(self.liveness.recorded(record)))
 
     # ------------------------------------------------------------ services
@@ -572,6 +584,8 @@ class Engine:
             raise self.fatal
         if self.closed:
             raise CommClosed("communicator is closed")
+        if op.collective and self.expired:
+            raise next(iter(self.expired.values()))
         peers = self.peers
         closed = None
         for m in op.sends:

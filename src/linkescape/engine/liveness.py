@@ -107,6 +107,20 @@ class Liveness:
         self.refused: dict = {}
         #: peer -> its knocks, while its record is found stopped and it has no path
         self.knocks: dict = {}
+        #: the no-path deadline: ``no_path_timeout``, capped by the group's operation timeout
+        #: (torch's ``timeout=``, ``set_timeout``: a call never waits longer for a rank without a path)
+        self.no_path_deadline = min(config.no_path_timeout, config.timeout)
+
+    def cap(self, timeout: float) -> None:
+        """The group's operation timeout changed: it caps the no-path deadline from now on."""
+        self.no_path_deadline = min(self.config.no_path_timeout, timeout)
+
+    def forget(self, rank: int) -> None:
+        """``rank`` left the group (a shrink): nothing more is judged of it."""
+        self.refused.pop(rank, None)
+        self.knocks.pop(rank, None)
+        if self.beacon is not None:
+            self.beacon.unwatch(rank)
 
     def check(self, peer: "PeerChannel", now: float) -> Optional[Verdict]:
         """On every timer round for a peer with no path."""
@@ -129,7 +143,7 @@ class Liveness:
                     verdict = self._knock(peer, now, age >= stale and waited > cfg.peer_lost_timeout)
                     if verdict is not None:
                         return verdict
-        if waited > cfg.no_path_timeout:
+        if waited > self.no_path_deadline:
             since = self.clock.wall() - waited
             return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
                                        f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,

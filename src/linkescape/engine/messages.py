@@ -17,6 +17,10 @@ from ..protocol.channel import address_range
 #: the peer of a receive that takes the first matching send from any rank
 ANY_SOURCE = -1
 
+#: a collective's message number is ``epoch << EPOCH_SHIFT | seq``: each group a shrink makes
+#: numbers its collectives above every one of the groups before it (see ``Matcher``)
+EPOCH_SHIFT = 40
+
 
 def enqueue(queues: Dict[int, Deque], key: int, item) -> None:
     """Append ``item`` to the queue of ``key`` (made when it has none)."""

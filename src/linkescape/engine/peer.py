@@ -32,6 +32,7 @@ from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayEnded,
                        Redial, RelayReset, Unreachable)
+from .messages import EPOCH_SHIFT
 from .receiver import Receiver, Unexpected
 from .peer_timers import AVOID_MASK, LOAD_SHIFT, PeerTimers
 from .sender import Sender
@@ -67,11 +68,31 @@ def failure_event(exc: BaseException) -> Ev:
 
 class Matcher:
     """What receives of all peers share: any-source receives not matched yet
-    (by tag, in posting order), and the last collective started here."""
+    (by tag, in posting order), and the last collective started here.
+
+    ``epoch``: how many shrinks made the group (``Communicator.shrink``). A
+    frame of an older group's message is read and dropped (collectives below
+    ``floor``; point-to-point frames carry their group's epoch in ``sig``); one
+    of a newer group (its sender shrank first) waits until this rank shrank too."""
 
     def __init__(self) -> None:
         self.any_recvs: dict = {}
         self.coll_started = 0
+        #: the collectives that failed here lately: what the others still send for them is dropped
+        self.coll_failed: set = set()
+        self.epoch = 0
+        self.floor = 0
+
+    def failed(self, msg: int) -> None:
+        failed = self.coll_failed
+        failed.add(msg)
+        if len(failed) > 256:  # (the oldest: their frames came long ago)
+            failed.discard(min(failed))
+
+    def new_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.floor = self.coll_started = epoch << EPOCH_SHIFT
+        self.coll_failed.clear()
 
 
 class PeerEnv:

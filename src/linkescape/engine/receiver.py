@@ -40,7 +40,7 @@ from ..protocol.framemac import TAG_SIZE
 from ..protocol.frames import DATA, FLAG_ACK_NOW, FLAG_PASSED, HEADER_SIZE, P2P_FLAG, RELAY, Header, unpack_header
 from .io import POLLIN, POLLOUT
 from .link import Link
-from .messages import InMessage, discard, enqueue, pop_first
+from .messages import EPOCH_SHIFT, InMessage, discard, enqueue, pop_first
 from .outcomes import Forward, OpFailed, Relayed, RecvDone
 
 #: an acknowledgement owed goes with our next frame to the peer, or alone once owed this long
@@ -60,6 +60,21 @@ class Unexpected:
         self.nbytes = nbytes
         self.received = 0
         self.buf = memoryview(bytearray(nbytes))
+        self.done = False
+
+
+class Dropped:
+    """A message nobody will take: one of a group that was shrunk since (its frames are
+    read, acknowledged and dropped), or the rest of one whose operation failed while it
+    came in (the channel stays in step)."""
+
+    __slots__ = ("msg", "sig", "nbytes", "received", "done")
+
+    def __init__(self, msg: int, sig: int, nbytes: int, received: int = 0) -> None:
+        self.msg = msg
+        self.sig = sig
+        self.nbytes = nbytes
+        self.received = received
         self.done = False
 
 
@@ -98,7 +113,7 @@ class Receiver:
     def post(self, m: InMessage) -> None:
         if m.msg & P2P_FLAG:
             tag = m.msg
-            queue = self.unexpected.get(tag)
+            queue = self._unclaimed(tag, m.sig)
             if queue and queue[0].done:
                 self._take_unexpected(pop_first(self.unexpected, tag), m)
                 return
@@ -126,11 +141,22 @@ class Receiver:
     def take_any(self, m: InMessage) -> bool:
         """An any-source receive being posted: take a whole unexpected
         message from this peer, if one waits."""
-        queue = self.unexpected.get(m.msg)
+        queue = self._unclaimed(m.msg, m.sig)
         if queue and queue[0].done:
             self._take_unexpected(pop_first(self.unexpected, m.msg), self._claim(m))
             return True
         return False
+
+    def _unclaimed(self, tag: int, sig: int):
+        """The unexpected messages of ``tag``; whole ones of an older group (a shrink
+        since: ``sig`` is the group's epoch) are dropped first."""
+        queue = self.unexpected.get(tag)
+        while queue and queue[0].done and queue[0].sig != sig:
+            u = pop_first(self.unexpected, tag)
+            self.unexpected_bytes -= u.nbytes
+            self.unexpected_count -= 1
+            queue = self.unexpected.get(tag)
+        return queue
 
     def waiting(self) -> bool:
         """A receive is posted (or a message half in) from this peer."""
@@ -143,12 +169,30 @@ class Receiver:
             self.coll_recvs.remove(m)
         if m.msg & P2P_FLAG:
             discard(self.p2p_recvs, m.msg, m)
+        rest = None
         if self.cur_in is m:
-            self.cur_in = None
+            # its later frames still come, in order: read and dropped, not taken for another message's
+            self.cur_in = rest = Dropped(m.msg, m.sig, m.nbytes, m.received) if m.received < m.nbytes else None
         for link in self.peer.links:
             if link is not None and link.binding is m:
-                link.binding = None
+                link.binding = rest  # (the frame half-read is accounted, its bytes dropped)
                 link.sink = self.peer.env.discard(len(link.sink))
+
+    def drop_stale(self, epoch: int) -> None:
+        """The group was shrunk (``Matcher.new_epoch``): point-to-point messages of the old
+        group that arrived unclaimed go, and one half in is read to its end and dropped."""
+        for tag in [t for t, q in self.unexpected.items() if any(u.sig != epoch for u in q)]:
+            for u in [u for u in self.unexpected[tag] if u.sig != epoch]:
+                discard(self.unexpected, tag, u)
+                self.unexpected_bytes -= u.nbytes
+                self.unexpected_count -= 1
+        cur = self.cur_in
+        if isinstance(cur, Unexpected) and cur.sig != epoch:
+            self.cur_in = rest = Dropped(cur.msg, cur.sig, cur.nbytes, cur.received)
+            for link in self.peer.links:
+                if link is not None and link.binding is cur:
+                    link.binding = rest
+                    link.sink = self.peer.env.discard(len(link.sink))
 
     def _take_unexpected(self, u: Unexpected, m: InMessage) -> None:
         peer = self.peer
@@ -366,7 +410,9 @@ class Receiver:
             else:
                 self._check_next(cur, hdr, link.rail)
             link.binding = cur
-            if isinstance(cur, Unexpected):
+            if isinstance(cur, Dropped):
+                link.sink = env.discard(hdr.length)
+            elif isinstance(cur, Unexpected):
                 link.sink = cur.buf[hdr.offset:hdr.offset + hdr.length]
             elif cur.reduce is not None:
                 link.sink = link.staging_view(hdr.length)
@@ -444,6 +490,8 @@ class Receiver:
             raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
         matcher = peer.env.matcher
         if hdr.msg & P2P_FLAG:
+            if hdr.sig != matcher.epoch:  # (the group's epoch: see Matcher)
+                return Dropped(hdr.msg, hdr.sig, hdr.arg) if hdr.sig < matcher.epoch else None
             queues = self.p2p_recvs
             queue = queues.get(hdr.msg)
             anyq = matcher.any_recvs.get(hdr.msg)
@@ -466,7 +514,13 @@ class Receiver:
             self.unexpected_count += 1
             enqueue(self.unexpected, hdr.msg, u)
             return u
+        if hdr.msg < matcher.floor:
+            return Dropped(hdr.msg, hdr.sig, hdr.arg)  # a collective of the group before a shrink
+        if hdr.msg >> EPOCH_SHIFT > matcher.epoch:
+            return None  # the peer shrank the group already; this rank has not yet
         if not self.coll_recvs or self.coll_recvs[0].msg > hdr.msg:
+            if hdr.msg in matcher.coll_failed:
+                return Dropped(hdr.msg, hdr.sig, hdr.arg)  # a collective that failed here: the rest of it
             if hdr.msg <= matcher.coll_started:
                 raise CollectiveMismatch(
                     f"rank {peer.rank} sent data for collective #{hdr.msg}, in which rank {peer.env.rank} "
@@ -582,7 +636,12 @@ class Receiver:
         inbound.applied(hdr.seq)
         if hdr.flags & FLAG_ACK_NOW:
             peer.sender.ack_urgent = True  # the sender waits for it
-        if isinstance(m, Unexpected):
+        if isinstance(m, Dropped):
+            m.received += hdr.length
+            if m.received >= m.nbytes:
+                m.done = True
+                self.cur_in = None
+        elif isinstance(m, Unexpected):
             m.received += hdr.length
             if m.received == m.nbytes:
                 m.done = True
@@ -655,7 +714,9 @@ class Receiver:
 
     def _place(self, hdr: Header, cur, payload: memoryview) -> None:
         """A whole frame's payload into its message (copied, or reduced) and accounted."""
-        if isinstance(cur, Unexpected):
+        if isinstance(cur, Dropped):
+            pass
+        elif isinstance(cur, Unexpected):
             cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
         elif cur.reduce is None and hdr.length:
             dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
