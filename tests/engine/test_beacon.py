@@ -1,9 +1,10 @@
 """The store's liveness records as evidence (engine/beacon.py): a record
-that keeps advancing is a live peer, one that stopped is a gone one, and a
-store that holds a single record the job did not write is no evidence
-about any peer (its verdicts wait for the rails). Driven by hand: a dict
-store and a clock that moves only when told; the beacon's thread is not
-started."""
+that keeps advancing is a live peer, one that stopped is a gone one. A
+record the job did not write costs only that record (issue 48): in a peer's
+key it makes that peer's record no evidence of its death, never another
+peer's; a replayed old record (rolled back, or written before the last frame
+heard from its rank) is no evidence either. Driven by hand: a dict store and
+a clock that moves only when told; the beacon's thread is not started."""
 
 from __future__ import annotations
 
@@ -38,12 +39,14 @@ def _round(beacon, peer):
     beacon._read_peer(peer)
 
 
-def _judge(beacon, store, clock, peer, counters):
-    """Read ``peer``'s record once per half second while it holds ``counters`` in turn."""
-    beacon.watch(peer)
+def _judge(beacon, store, clock, peer, counters, heard=None, written=None):
+    """Read ``peer``'s record once per half second while it holds ``counters`` in turn
+    (written now, or at wall time ``written``); ``heard``: our wall time when the last frame of
+    ``peer`` arrived over the rails."""
+    beacon.watch(peer, heard=heard)
     for c in counters:
         if c is not None:
-            store.set(ALIVE_KEY.format(rank=peer), KEY.alive(peer, c))
+            store.set(ALIVE_KEY.format(rank=peer), KEY.alive(peer, c, clock.wall() if written is None else written))
         _round(beacon, peer)
         clock.advance(0.5)
     age = beacon.record_age(peer, clock.now())
@@ -58,29 +61,42 @@ def test_an_advancing_record_is_a_live_peer_and_a_stopped_one_a_gone_one():
     assert b.tampered is None
 
 
-def test_a_record_the_job_did_not_write_makes_the_store_no_evidence_about_every_peer():
+def test_a_garbage_record_costs_only_that_record_and_a_real_death_is_still_seen():
+    """Issue 48 item 6: before, one garbage record turned off store-based death detection for
+    the rest of the job (a host then powered off was waited for LINKESCAPE_NO_PATH_TIMEOUT)."""
     store, clock = DictStore(), FakeClock()
     b = _beacon(store, clock)
-    store.set(ALIVE_KEY.format(rank=1), "999999 " + "f" * 32)  # forged: another peer's key
+    store.set(ALIVE_KEY.format(rank=1), "999999 0 " + "f" * 32)  # forged: another peer's key
+    store.set(FAILED_KEY, "not json at all")
     b.watch(1)
+    b._read_failed()
     b._read_peer(1)
-    # peer 2's record stopped for 4 s: what a gone peer shows, and what a
-    # writer who replays its old record faster than it refreshes shows
-    assert _judge(b, store, clock, 2, [7] + [None] * 7) is None
-    assert b.tampered and "alive/1" in b.tampered
+    assert b.tampered and 1 in b.untrusted
+    # peer 2 dies: its record stops; the garbage in other keys changes nothing about it
+    assert _judge(b, store, clock, 2, [7] + [None] * 7, heard=clock.wall()) is False
+    # peer 1's key was written by someone else: its record is no evidence of its death...
+    assert _judge(b, store, clock, 1, [3] + [None] * 7) is None
+    # ...and its genuine records still show it alive
+    b.untrusted.pop(1)
+    assert _judge(b, store, clock, 1, [4, 4, 5, 5, 6]) is True
 
 
-def test_garbage_in_the_failure_record_and_a_frozen_liveness_record_are_no_verdict():
+def test_a_replayed_old_record_never_makes_a_live_cut_off_rank_look_dead():
     """The attacker of tests/integration/test_store_attack_integ.py as one
     reader sees it when every read of the cut-off rank's key finds the
     rank's early record (it rewrites it every 10 ms, the rank every second):
-    before, that was a verdict (PeerLost naming a live rank; CI, tree 75fb2ae)."""
+    before, that was a verdict (PeerLost naming a live rank; CI, tree 75fb2ae).
+    The record was written well before the last frame the rank sent us: a
+    dead rank's last record is at most a beat older than that."""
     store, clock = DictStore(), FakeClock()
     records = []
     b = _beacon(store, clock, records)
-    store.set(FAILED_KEY, "not json at all")
-    assert _judge(b, store, clock, 2, [1] * 10) is None
-    assert records == []
+    early = clock.wall()
+    clock.advance(30.0)  # the job ran; the rank was cut off a moment ago
+    assert _judge(b, store, clock, 2, [1] * 10, heard=clock.wall() - 0.2, written=early) is None
+    assert records == [] and "replayed" in b.untrusted[2]
+    # a record written just before the last frame heard is a dead rank's last record: a verdict
+    assert _judge(b, store, clock, 3, [40] + [None] * 7, heard=clock.wall(), written=clock.wall() - 0.8) is False
 
 
 def test_a_rollback_below_a_counter_read_in_an_earlier_outage_is_caught():
@@ -91,7 +107,7 @@ def test_a_rollback_below_a_counter_read_in_an_earlier_outage_is_caught():
     clock.advance(30.0)
     # cut off again; the store now holds its record of an earlier outage
     assert _judge(b, store, clock, 2, [3] * 8) is None
-    assert "rolled back from 6 to 3" in b.tampered
+    assert "rolled back from 6 to 3" in b.tampered and 2 in b.untrusted
 
 
 def test_an_authentic_failure_record_of_another_rank_is_passed_on():

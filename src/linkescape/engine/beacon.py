@@ -16,18 +16,27 @@ naming the lost peer, not the rank that told it (which may have exited by
 then).
 
 Every record is authenticated: a MAC with a key derived from the job's link
-key, over the job, the rank that wrote it and what it says. With a key set
+key, over the job, the rank that wrote it and what it says (a liveness record:
+its counter and its writer's wall time). With a key set
 (``LINKESCAPE_AUTH_KEY``), a store writer who does not hold it cannot forge
-a record, move one to another rank's key or another job, or roll a
-counter back below one this rank has read: such a record is ignored (logged
-once), and from then on the store is no evidence about any peer (verdicts
-wait for the rails): a store that holds one record the job did not write
-cannot be trusted to show a live peer's refreshes either, since its writer
-may as well be replaying that peer's old record, and a reader cannot tell
-every replay (one that always wins the race with the refreshes looks like a
-record that stopped) from a dead peer's last record. What remains is a writer
-who does nothing but hold back a cut-off rank's refreshes, replaying its
-latest record faster than it writes a new one: docs/security.md.
+a record, move one to another rank's key or another job. What is ignored,
+and what it costs (issue 48: a garbage record costs only that record):
+- a record that fails its MAC (garbage, forged, another rank's): that read
+  only; in a peer's liveness key it also makes that peer's record no
+  evidence of its death from then on (its key is being written by someone
+  else, who may as well replay its old records), never another peer's;
+- a liveness record rolled back below a counter this rank has read, or
+  written before this rank last heard from that peer over the rails (minus a
+  beat and ``CLOCK_SKEW``): a replay of an old record (a dead peer's last
+  record is at most a beat older than the last frame it sent). That peer's
+  record is no evidence of its death from then on: a replayed old record
+  never makes a live, cut-off rank look dead.
+A record that keeps advancing still shows a live peer (genuine records go
+through whatever else the store holds); a peer whose record is no evidence
+of death waits for the rails (``LINKESCAPE_NO_PATH_TIMEOUT``). What remains
+is a writer who does nothing but hold back a cut-off rank's refreshes,
+replaying its latest record faster than it writes a new one:
+docs/security.md.
 Without a key the MAC's key is the per-job secret in the store, which only
 keeps out those who cannot read the store (docs/security.md).
 
@@ -54,6 +63,9 @@ FAILED_KEY = "linkescape/failed"
 BEAT = 1.0
 #: a record unchanged for this many beats is stale
 STALE_BEATS = 2.5
+#: seconds the hosts' wall clocks may differ (NTP keeps them within milliseconds): a liveness
+#: record written more than a beat and this before the last frame heard from its rank is a replay
+CLOCK_SKEW = 1.0
 
 
 def _text(value) -> str:
@@ -71,17 +83,21 @@ class RecordKey:
         msg = "\0".join(str(f) for f in fields).encode()
         return hmac.digest(self._key, self.job + b"\0" + msg, "sha256").hex()[:32]
 
-    def alive(self, rank: int, counter: int) -> str:
-        return f"{counter} {self.mac('alive', rank, counter)}"
+    def alive(self, rank: int, counter: int, wall: float = 0.0) -> str:
+        """A liveness record: its counter and its writer's wall time (ms)."""
+        ms = int(wall * 1000)
+        return f"{counter} {ms} {self.mac('alive', rank, counter, ms)}"
 
-    def read_alive(self, rank: int, value: str) -> Optional[int]:
-        """The counter of an authentic record of ``rank``, else None."""
+    def read_alive(self, rank: int, value: str) -> Optional[Tuple[int, float]]:
+        """The counter and wall time of an authentic record of ``rank``, else None."""
         try:
-            counter_s, mac = value.split(" ", 1)
-            counter = int(counter_s)
+            counter_s, ms_s, mac = value.split(" ", 2)
+            counter, ms = int(counter_s), int(ms_s)
         except ValueError:
             return None
-        return counter if hmac.compare_digest(mac, self.mac("alive", rank, counter)) else None
+        if not hmac.compare_digest(mac, self.mac("alive", rank, counter, ms)):
+            return None
+        return counter, ms / 1000.0
 
     def failure(self, peer: int, by: int, kind: str, why: str, ts: float) -> str:
         record = {"peer": peer, "by": by, "type": kind, "why": why, "ts": ts}
@@ -127,9 +143,14 @@ class Beacon:
         #: watches, so that a rollback to an older record shows; one int per peer
         #: that had no path at some time)
         self._highest: Dict[int, int] = {}
-        #: why the store is no evidence about any peer (a record the job did not
-        #: write was read); None while every record read was authentic
+        #: the last record read that the job did not write, or a replay (None while every
+        #: record read was authentic and fresh): what the snapshot shows as store_untrusted
         self.tampered: Optional[str] = None
+        #: peer -> why its record is no evidence of its death any more (its key held a record
+        #: the job did not write, or a replayed one): one entry per such peer
+        self.untrusted: Dict[int, str] = {}
+        #: peer -> our wall time when we last heard from it over the rails (given by ``watch``)
+        self._heard: Dict[int, float] = {}
         self._known: set = set()
         self._watch: set = set()
         self._report: Optional[str] = None
@@ -143,9 +164,13 @@ class Beacon:
         self._thread.start()
 
     # ------------------------------------------------------------ engine side (any thread, no store I/O)
-    def watch(self, peer: int) -> None:
-        """Start reading ``peer``'s record (it has no path)."""
+    def watch(self, peer: int, heard: Optional[float] = None) -> None:
+        """Start reading ``peer``'s record (it has no path). ``heard``: our
+        wall time when a frame of it last arrived (its record cannot be older
+        than a beat before that, unless replayed)."""
         with self._cv:
+            if heard is not None:
+                self._heard[peer] = heard
             if peer not in self._watch:
                 self._watch.add(peer)
                 self._cv.notify()
@@ -154,6 +179,7 @@ class Beacon:
         with self._cv:
             self._watch.discard(peer)
             self._seen.pop(peer, None)
+            self._heard.pop(peer, None)
 
     def stale_after(self, stale_after: float) -> float:
         """How long a record must stay unchanged while we keep reading it to be called stopped
@@ -165,7 +191,7 @@ class Beacon:
         store cannot tell (no answer, no authentic record, a record tampered with)."""
         with self._cv:
             seen = self._seen.get(peer)
-            if self.tampered is not None:
+            if peer in self.untrusted:
                 return None
         if seen is None:
             return None
@@ -236,23 +262,26 @@ class Beacon:
     def _beat(self, key: str) -> None:
         self.calls += 1
         self._counter += 1
-        self.store.set(key, self.key.alive(self.rank, self._counter))
+        self.store.set(key, self.key.alive(self.rank, self._counter, self.clock.wall()))
 
     def _has(self, key: str) -> bool:
         check = getattr(self.store, "check", None)
         self.calls += 1
         return bool(check([key])) if check is not None else True
 
-    def _distrust(self, what: str, detail: str) -> None:
-        """A record the job did not write: the store is no evidence about any
-        peer from now on (logged once per key)."""
+    def _distrust(self, what: str, detail: str, peer: Optional[int] = None) -> None:
+        """A record the job did not write (or a replayed one) was ignored;
+        in ``peer``'s liveness key: that peer's record is no evidence of its
+        death from now on (logged once per key)."""
         with self._cv:
-            if self.tampered is None:
-                self.tampered = f"{what}: {detail}"
+            self.tampered = f"{what}: {detail}"
+            if peer is not None:
+                self.untrusted.setdefault(peer, detail)
         if what not in self._warned:
             self._warned.add(what)
-            log.warning("rank %d: ignored a store record that is not authentic (%s): %s; the store is no evidence "
-                        "about any rank from now on", self.rank, what, detail)
+            log.warning("rank %d: ignored a store record that is not authentic or is replayed (%s): %s%s", self.rank,
+                        what, detail, f"; rank {peer}'s record is no evidence of its death from now on"
+                        if peer is not None else "")
 
     def _read_peer(self, peer: int) -> None:
         key = ALIVE_KEY.format(rank=peer)
@@ -262,20 +291,29 @@ class Beacon:
             self._known.add(peer)
         self.calls += 1
         raw = _text(self.store.get(key))
-        counter = self.key.read_alive(peer, raw)
+        record = self.key.read_alive(peer, raw)
         now = self.clock.now()
         with self._cv:
             old = self._seen.get(peer)
             highest = self._highest.get(peer, 0)
-            if counter is not None and counter >= highest:
+            heard = self._heard.get(peer)
+            if record is None:
+                why = "forged"
+            elif record[0] < highest:
+                why = f"rolled back from {highest} to {record[0]}"
+            elif heard is not None and record[1] < heard - self.interval - CLOCK_SKEW:
+                why = (f"replayed: written {heard - record[1]:.1f}s before the last frame heard from rank {peer} "
+                       f"over the rails")
+            else:
+                counter = record[0]
                 self._highest[peer] = counter
                 if old is None or old[0] != counter:
                     self._seen[peer] = (counter, now, now)
                 else:
                     self._seen[peer] = (counter, old[1], now)
                 return
-        why = "forged" if counter is None else f"rolled back from {highest} to {counter}"
-        self._distrust(f"alive/{peer}", why)
+        # that read only: the peer's earlier reads stand, other peers' records are not affected
+        self._distrust(f"alive/{peer}", why, peer)
 
     def _read_failed(self) -> None:
         if self.failed() or not self._has(FAILED_KEY):
@@ -303,4 +341,4 @@ class Beacon:
         self._reported.set()
 
 
-__all__ = ["Beacon", "RecordKey", "ALIVE_KEY", "FAILED_KEY", "BEAT", "STALE_BEATS"]
+__all__ = ["Beacon", "RecordKey", "ALIVE_KEY", "FAILED_KEY", "BEAT", "STALE_BEATS", "CLOCK_SKEW"]

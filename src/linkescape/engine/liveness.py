@@ -130,7 +130,12 @@ class Liveness:
         beacon = self.beacon
         waited = now - peer.no_path_since
         if beacon is not None:
-            beacon.watch(peer.rank)
+            rx = getattr(peer, "receiver", None)  # (when a frame of it last arrived: its record is no older)
+            heard = rx.heard if rx is not None else 0.0
+            if heard:
+                beacon.watch(peer.rank, heard=self.clock.wall() - (now - heard))
+            else:
+                beacon.watch(peer.rank)
             age = beacon.record_age(peer.rank, now)
             k = self.knocks.get(peer.rank)
             if k is not None and (age is None or age < now - k.since):

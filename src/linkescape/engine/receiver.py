@@ -97,6 +97,9 @@ class Stashed:
 class Receiver:
     def __init__(self, peer: "PeerChannel") -> None:
         self.peer = peer
+        #: when a link of this peer last had bytes for us (our clock): the peer was alive then (the
+        #: store's liveness record it wrote last is at most a beat older: engine/beacon.py)
+        self.heard = 0.0
         self.coll_recvs: Deque[InMessage] = collections.deque()
         self.p2p_recvs: Dict[int, Deque[InMessage]] = {}
         self.unexpected: Dict[int, Deque[Unexpected]] = {}
@@ -218,6 +221,7 @@ class Receiver:
         if link.parked:  # waiting for an earlier frame or a posted receive: stop looking (see _park)
             self._reading(link, False)
             return
+        self.heard = self.peer.env.clock.now()
         if link.mac is not None:
             self._on_readable_sealed(link)
             return
