@@ -61,6 +61,24 @@ def test_escape_torchft_escapes_a_rail_and_leaves_a_host_with_none():
     assert ft.left_out == 1 and ft.work_hours < one_rail.work_hours
 
 
+def test_escape_torchft_leaves_a_relayed_host_out_when_that_costs_less():
+    # a cross (host 0 rail 0, host 1 rail 1) relayed at 0.57x slows the whole job to 0.82x for hours;
+    # leaving host 1's group out costs 72 s of the job and a quarter of it for 1.1 h: it is left out
+    m = modes(HAND)["escape_torchft"]
+    r = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(10.5, 1, "cable", 1, 4.0)], m)
+    assert r.left_out == 1 and r.relayed_hours == 0
+    assert r.work_hours == pytest.approx(HAND.hours - 0.02 - 1.1 / 4, abs=1e-9)
+    # without the drain it runs relayed until the first repair
+    slow = play(replace(HAND, drain=False), [Fault(10.0, 0, "cable", 0, 4.0), Fault(10.5, 1, "cable", 1, 4.0)],
+                modes(replace(HAND, drain=False))["escape_torchft"])
+    assert slow.left_out == 0 and slow.relayed_hours == pytest.approx(3.5)
+
+
+def test_torchft_has_one_replica_group_per_128_gpus_unless_told():
+    assert SimParams().ft_groups == 128 and SimParams(gpus=256).ft_groups == 2 and SimParams(gpus=64).ft_groups == 1
+    assert SimParams(ft_replica_groups=16).ft_groups == 16
+
+
 def test_the_torchft_rows_closed_form_by_hand_and_against_the_simulation():
     p = replace(HAND, gpus=4096, trials=60)
     cf = closed_form(p)

@@ -112,11 +112,11 @@ def torchft_ettr(p: SimParams) -> Dict[str, float]:
     and the whole job one quorum change; the checkpoint writes are kept as for restart (an upper
     bound: torchft needs checkpoints only for what takes down every group)."""
     lam = sum(p.events_per_hour(c) for c in (*CAUSES, "other"))
-    per_fault = (p.ft_recover + p.ft_rejoin_s / 3600.0) / p.ft_replica_groups + p.ft_stall_s / 3600.0
+    per_fault = (p.ft_recover + p.ft_rejoin_s / 3600.0) / p.ft_groups + p.ft_stall_s / 3600.0
     eff = p.checkpoint_efficiency()
     ettr = eff * max(0.0, 1.0 - lam * per_fault)
     return {"ettr": ettr, "faults_per_run": lam * p.hours, "hours_per_fault": per_fault,
-            "group_gpus": p.gpus / p.ft_replica_groups}
+            "group_gpus": p.gpus / p.ft_groups}
 
 
 SOURCES = {

@@ -75,11 +75,19 @@ def _window(rep: float, expo: bool, lam: float) -> float:
     return expected_degraded_hours(rep, lam)
 
 
+def _ft_leave_cost(p: SimParams, m: Mode) -> float:
+    """Hours of the whole job that leaving one replica group out costs under torchft."""
+    return m.leave_h + m.out_h / p.ft_groups
+
+
 def _degraded(p: SimParams, m: Mode, window: float, lam_i: float, tau: float, eff: float) -> Dict[str, float]:
     """One escaped fault: the hours it leaves a host degraded, and whether it is drained (swapped
     at the next checkpoint, unless an interruption of another cause replaces the host first)."""
     s = p.job_speed(m.rate(1))
-    if p.drain and not m.ft and s < 1.0 and window * (1.0 - s) > p.restart_hours:
+    if m.ft:  # torchft: leave the host's group out at once when that costs less than running slower
+        leave = p.drain and s < 1.0 and window * (1.0 - s) > _ft_leave_cost(p, m)
+        return {"window": 0.0 if leave else window, "drain": 1.0 if leave else 0.0, "speed": s}
+    if p.drain and s < 1.0 and window * (1.0 - s) > p.restart_hours:
         to_ckpt = tau / (2 * s * eff)
         return {"window": expected_degraded_hours(to_ckpt, lam_i), "drain": math.exp(-lam_i * to_ckpt), "speed": s}
     return {"window": window, "drain": 0.0, "speed": s}
@@ -110,7 +118,13 @@ def _relayed(p: SimParams, m: Mode, a: Dict[str, Any], rate: float, rep: float, 
     """Crosses carried by the relay: at the relayed rate until the first repair (the rest of the first
     fault's, Uniform(0, rep)), or swapped at the next checkpoint when that costs less."""
     s = p.job_speed(m.relay_rate)
-    if p.drain and not m.ft and s < 1.0 and _window(rep, expo, lam_i) * (1.0 - s) > p.restart_hours:
+    if m.ft:
+        if p.drain and s < 1.0 and _window(rep, expo, lam_i) * (1.0 - s) > _ft_leave_cost(p, m):
+            a["drains"] += rate
+        else:
+            a["relay"] += rate * _window(rep, expo, lam_i)
+        return
+    if p.drain and s < 1.0 and _window(rep, expo, lam_i) * (1.0 - s) > p.restart_hours:
         a["drains"] += rate
         a["relay"] += rate * expected_degraded_hours(tau / (2 * s * eff), lam_i)
     else:
@@ -184,13 +198,14 @@ def ft_ettr(p: SimParams, m: Mode) -> Dict[str, Any]:
     """A torchft mode in expectation: no restart; each fault it does not escape stalls the job for
     ``leave_h`` and keeps one of the replica groups out for ``out_h`` after that; the checkpoint writes
     are kept as for restart (an upper bound: torchft needs them only for what takes every group)."""
-    T, eff, G = p.hours, p.checkpoint_efficiency(), p.ft_replica_groups
+    T, eff, G = p.hours, p.checkpoint_efficiency(), p.ft_groups
     per = m.out_h / G + m.leave_h
     if not m.escapes:
         lam, up_loss, escaped, degraded, relayed = sum(p.events_per_hour(c) for c in (*CAUSES, "other")), 0.0, 0.0, 0.0, 0.0
     else:
         a = _escape_rates(p, m)
-        lam, s, escaped = a["lam"], a["speed"], a["escaped"]
+        # a host slowed (or relayed) for longer than a group out would cost is left out at once
+        lam, s, escaped = a["lam"] + a["drains"], a["speed"], a["escaped"]
         degraded = _degraded_share(a["windows"], 0.0, 0.0)
         relayed = a["relay"]
         up_loss = a["stall"] + (1 - s) * degraded + relayed * (1 - p.job_speed(m.relay_rate))

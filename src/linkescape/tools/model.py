@@ -82,6 +82,7 @@ FT_REJOIN_S = 60.0
 #: Llama 3 405B: TP 8 x PP 16 = 128 GPUs per model replica, so 128 data-parallel replicas on
 #: 16,384 GPUs (the paper's table 4, as we read it): FT-HSDP's replica groups
 FT_REPLICA_GROUPS = 128
+FT_GPUS_PER_REPLICA = 128
 
 POLICIES = ("active-backup", "stripe")
 CAUSES = ("nic", "cable", "optic", "switch")
@@ -172,7 +173,8 @@ class SimParams:
     nccl_ports: int = NCCL_PORTS_PER_VNIC
     #: share of hosts whose ports NCCL merged into virtual NICs (1: the best case for NCCL)
     nccl_merged_share: float = 1.0
-    ft_replica_groups: int = FT_REPLICA_GROUPS
+    #: torchft's replica groups; None: one per FT_GPUS_PER_REPLICA GPUs (Llama 3's model replica)
+    ft_replica_groups: Optional[int] = None
     ft_recover_hours: Optional[float] = None
     ft_stall_s: float = FT_STALL_S
     ft_leave_s: float = FT_LEAVE_S
@@ -209,7 +211,8 @@ class SimParams:
                 raise UsageError(f"{name.replace('_', '-')} must be in (0, 2]")
         if self.checkpoint_hours is not None and self.checkpoint_hours <= 0:
             raise UsageError("checkpoint-hours must be positive")
-        if self.trials < 1 or self.nccl_ports < 1 or self.ft_replica_groups < 1:
+        if self.trials < 1 or self.nccl_ports < 1 or (self.ft_replica_groups is not None and
+                                                        self.ft_replica_groups < 1):
             raise UsageError("trials, nccl-ports and ft-replica-groups must be at least 1")
         if self.hosts_per_switch is not None and self.hosts_per_switch < 1:
             raise UsageError("hosts-per-switch must be at least 1")
@@ -328,6 +331,13 @@ class SimParams:
         return 1.0 if lost <= 0 else max(m - 1, 0) / m if m > 1 else 0.0
 
     @property
+    def ft_groups(self) -> int:
+        """torchft's replica groups: given, or one per Llama 3 model replica (128 GPUs)."""
+        if self.ft_replica_groups is not None:
+            return self.ft_replica_groups
+        return max(1, self.gpus // FT_GPUS_PER_REPLICA)
+
+    @property
     def ft_recover(self) -> float:
         return self.restart_hours if self.ft_recover_hours is None else self.ft_recover_hours
 
@@ -337,7 +347,7 @@ class SimParams:
         out.update(hosts=self.hosts, links=self.links, hosts_per_switch=self.span,
                    checkpoint_hours=self.interval(), mtbf_hours=self.mtbf_hours(),
                    checkpoint_efficiency=self.checkpoint_efficiency(), events_per_run=self.events_per_run(),
-                   ft_recover_hours=self.ft_recover)
+                   ft_recover_hours=self.ft_recover, ft_replica_groups=self.ft_groups)
         return out
 
     def as_dict(self) -> Dict[str, Any]:
@@ -350,7 +360,7 @@ Inputs = SimParams
 
 __all__ = ["SimParams", "Inputs", "Coverage", "COVERAGE", "DEFAULT_COVERAGE", "POLICIES", "CAUSES",
            "ESCAPE_STALL_MS", "AB_FAULT_RATE", "STRIPE_FAULT_RATE", "RELAY_RATE", "NO_PATH_S",
-           "NCCL_DETECT_S", "NCCL_PORTS_PER_VNIC", "FT_STALL_S", "FT_REPLICA_GROUPS", "FT_LEAVE_S", "FT_REJOIN_S",
+           "NCCL_DETECT_S", "NCCL_PORTS_PER_VNIC", "FT_STALL_S", "FT_REPLICA_GROUPS", "FT_GPUS_PER_REPLICA", "FT_LEAVE_S", "FT_REJOIN_S",
            "FLAP_SHARE", "FLAP_S", "REBOOT_SHARE", "REBOOT_S",
            "LLAMA3_GPUS", "LLAMA3_DAYS", "LLAMA3_INTERRUPTIONS", "LLAMA3_NETWORK_SHARE", "LLAMA3_NIC_SHARE",
            "LLAMA3_NIC_EVENTS", "LLAMA3_ETTR"]

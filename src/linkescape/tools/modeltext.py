@@ -47,7 +47,7 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
         f"escape       {pol}, a step {p.comm_share:.0%} network-bound; stall {p.escape_stall_ms:g} ms per fault; "
         f"{wait}; {relay}",
         ("repairs      as in the log" if log else mix),
-        f"torchft      {p.ft_replica_groups} replica groups; a group out for {p.ft_recover * 60:g} min + rejoin "
+        f"torchft      {p.ft_groups} replica groups; a group out for {p.ft_recover * 60:g} min + rejoin "
         f"{p.ft_rejoin_s:g} s (assumed); the job stalls {p.ft_stall_s:g} s per quorum change (assumed), "
         f"{p.ft_leave_s:g} s to leave a host out with escape (placeholder: issue 47's bound)",
     ]

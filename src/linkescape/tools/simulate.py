@@ -258,7 +258,7 @@ class _FTRun(_Run):
                 self.res.degraded_hours += dt
             if self.relaying:
                 self.res.relayed_hours += dt
-            share = max(0.0, 1.0 - self.out / self.p.ft_replica_groups)
+            share = max(0.0, 1.0 - self.out / self.p.ft_groups)
             self.res.work_hours += self.speed * self.eff * dt * share
         self.cur = max(self.cur, to)
 
@@ -292,6 +292,10 @@ class _FTRun(_Run):
         self.refresh()
         self.res.stall_hours += self.m.stall_h
         self.res.work_hours -= self.m.stall_h * self.speed * self.eff
+        # slowed (or relayed) for longer than leaving the group out would cost: leave it out now
+        cost = self.m.leave_h + self.m.out_h / self.p.ft_groups
+        if self.p.drain and self.speed < 1.0 and f.repair * (1.0 - self.speed) > cost:
+            self.leave(t, f)
 
     def on_repair(self, t: float, payload: Tuple[int, int, Tuple[int, ...], Tuple[int, ...]]) -> None:
         _, fid, hosts, rails = payload
