@@ -49,6 +49,8 @@ def _command_line(spec: BenchSpec, op_text: str, sizes_text: str, factor: float,
              "--rails", ",".join(spec.rails)]
     if not spec.check:
         args.append("--no-check")
+    if spec.isolated:
+        args.append("--isolated")
     if json_path:
         args += ["--json", json_path]
     if launcher != "local":
@@ -68,7 +70,11 @@ DEFAULT_RAILS = "127.0.0.1"
 @click.option("-f", "--factor", type=float, default=2.0, show_default=True, help="size multiplier of a MIN:MAX range")
 @click.option("--world-size", type=int, default=2, show_default=True, help="ranks to start on this machine")
 @click.option("--backend", "backends", default="linkescape", show_default=True,
-              help="linkescape, gloo, or both (linkescape,gloo): measured side by side per size")
+              help="linkescape, gloo, mpi (Open MPI over TCP through mpi4py: `make mpi`), or a comma list "
+                   "(linkescape,gloo,mpi): measured side by side per size, alternating which goes first")
+@click.option("--isolated", is_flag=True,
+              help="time each call alone, after a barrier of its backend (as the first gradient bucket of a "
+                   "step meets it), instead of back to back")
 @click.option("-d", "--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("-o", "--op", "redop", type=click.Choice(REDOPS), default="sum", show_default=True,
               help="reduction operation")
@@ -104,7 +110,7 @@ DEFAULT_RAILS = "127.0.0.1"
               help="--memory: multiply every case's operation count")
 @click.option("-v", "--verbose", is_flag=True, help="show the ranks' own output and tracebacks")
 def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dtype: str, redop: str, root: int,
-          iters: int, warmup: int, check: bool, rails: str, json_path: Optional[str], timeout: float,
+          iters: int, warmup: int, check: bool, isolated: bool, rails: str, json_path: Optional[str], timeout: float,
           launcher: str, store_kind: str, faults: Optional[str], scale: Optional[str], idle_seconds: float,
           memory: Optional[str], memory_scale: float, verbose: bool, **failover_opts) -> None:
     """Benchmark collectives like nccl-tests: OP is all_reduce (default), broadcast, reduce,
@@ -130,6 +136,7 @@ def bench(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
         return
     spec = _spec(op, sizes, factor, world_size, backends, dtype, redop, root, iters, warmup, check, rails, timeout,
                  launcher, store_kind)
+    spec.isolated = isolated
     _run(spec, op, sizes, factor, json_path, launcher, verbose)
 
 
@@ -200,6 +207,15 @@ def _spec(op: str, sizes: str, factor: float, world_size: int, backends: str, dt
     have_torch = importlib.util.find_spec("torch") is not None
     if "gloo" in backend_list and not have_torch:
         raise click.UsageError("backend gloo needs torch, which is not installed (pip install 'linkescape[torch]')")
+    if "mpi" in backend_list:
+        if launcher != "local":
+            raise click.UsageError("backend mpi runs its ranks with mpirun on this machine: --launcher local")
+        from .mpi import MpiUnavailable, find
+
+        try:
+            find()
+        except MpiUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
     if store_kind == "auto":
         store_kind = "tcp" if have_torch else "file"
     elif store_kind == "tcp" and not have_torch:
@@ -221,6 +237,9 @@ def _run(spec: BenchSpec, op: str, sizes: str, factor: float, json_path: Optiona
     """Start the ranks (or be one), print the tables; a wrong element fails the command."""
     from .report import Reporter
     from .runner import BenchError, LocalLauncher, run_env
+
+    if "mpi" in spec.backends:
+        from .mpi import MpiLauncher as LocalLauncher  # noqa: F811 - Open MPI's job beside the ranks
 
     is_rank0 = launcher == "local" or os.environ.get("RANK", "0") == "0"
     command = _command_line(spec, op, sizes, factor, json_path, launcher)

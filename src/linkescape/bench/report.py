@@ -46,9 +46,9 @@ def fmt_wrong(wrong: Optional[int]) -> str:
     return f"{'N/A' if wrong is None else wrong:>6}"
 
 
-def ratios(recs: Dict[str, dict]) -> Optional[tuple]:
-    """(busbw ratio, time ratio) linkescape/gloo, None when not both."""
-    le, gl = recs.get("linkescape"), recs.get("gloo")
+def ratios(recs: Dict[str, dict], other: str = "gloo") -> Optional[tuple]:
+    """(busbw ratio, time ratio) linkescape/``other``, None when not both."""
+    le, gl = recs.get("linkescape"), recs.get(other)
     if not le or not gl:
         return None
     bw = le["busbw"] / gl["busbw"] if gl["busbw"] > 0 and le["busbw"] > 0 else None
@@ -58,6 +58,10 @@ def ratios(recs: Dict[str, dict]) -> Optional[tuple]:
 
 def _r(x: Optional[float]) -> str:
     return f"{'-':>7}" if x is None else f"{x:7.2f}"
+
+
+#: the backends linkescape is compared with, in their column order
+OTHERS = ("gloo", "mpi")
 
 
 def geomean(xs: List[float]) -> float:
@@ -74,6 +78,8 @@ class Reporter:
         self.json_path = json_path
         self.command = command
         self.both = len(spec.backends) > 1
+        #: the ratio columns: linkescape against each other backend
+        self.others = [b for b in spec.backends if b != "linkescape"] if "linkescape" in spec.backends else []
         self.rows: Dict[str, List[Dict[str, dict]]] = OrderedDict()
         self.records: List[dict] = []
         self._json: Optional[TextIO] = None
@@ -101,7 +107,8 @@ class Reporter:
             f"  sizes: {format_size(min(sizes))}..{format_size(max(sizes))} ({len(sizes)} sizes)"
         w(f"# ops: {','.join(s.ops)}{sized}  dtype: {s.dtype}  redop: {s.redop}  root: {s.root}")
         w(f"# warmup: {s.warmup}  iters: {s.iters}  validation: {'first run' if s.check else 'off'}  "
-          f"timeout: {s.timeout:g}s  time: median over iterations of the slowest rank")
+          f"timeout: {s.timeout:g}s  time: median over iterations of the slowest rank"
+          + ("  (isolated: each call after a barrier)" if s.isolated else "  (back to back)"))
         try:
             from importlib.metadata import version
 
@@ -141,11 +148,11 @@ class Reporter:
                    f"busbw factor {info.factor(s.world_size):.3f}{extra}")
         lead = " " * len(COLS)
         groups = "".join(f" {b:^{len(GROUP) - 1}}" for b in s.backends)
-        if self.both:
-            groups += f"{'linkescape/gloo':^{len(RATIO_COLS)}}"
+        for other in self.others:
+            groups += f"{'linkescape/' + other:^{len(RATIO_COLS)}}"
         self.write("#" + (lead + groups)[1:].rstrip())
-        cols = COLS + GROUP * len(s.backends) + (RATIO_COLS if self.both else "")
-        units = UNITS0 + UNITS * len(s.backends) + (RATIO_UNITS if self.both else "")
+        cols = COLS + GROUP * len(s.backends) + RATIO_COLS * len(self.others)
+        units = UNITS0 + UNITS * len(s.backends) + RATIO_UNITS * len(self.others)
         self.write(cols)
         self.write(units.rstrip())
 
@@ -156,8 +163,8 @@ class Reporter:
         for b in self.spec.backends:
             r = by[b]
             line += f" {fmt_time(r['time_us'])}  {fmt_bw(r['algbw'])}  {fmt_bw(r['busbw'])}  {fmt_wrong(r['wrong'])}"
-        if self.both:
-            rt = ratios(by)
+        for other in self.others:
+            rt = ratios(by, other)
             if rt:
                 line += f"  {_r(rt[0])}  {_r(rt[1])}"
         self.write(line)
@@ -179,12 +186,12 @@ class Reporter:
             bws = [r["busbw"] for r in self.records if r["backend"] == b and not OPS[r["op"]].sizeless]
             if bws:
                 w(f"# Avg bus bandwidth ({b}) : {statistics.fmean(bws):.3f} GB/s")
-        if self.both and self.rows:
+        for other in self.others if self.rows else ():
             w("#")
-            w("# linkescape/gloo per op: busbw ratio > 1 and time ratio < 1 favour linkescape "
+            w(f"# linkescape/{other} per op: busbw ratio > 1 and time ratio < 1 favour linkescape "
               "(geometric mean over sizes [min..max])")
             for op, rows in self.rows.items():
-                rs = [ratios(by) for by in rows]
+                rs = [ratios(by, other) for by in rows]
                 bw = [x[0] for x in rs if x and x[0]]
                 tm = [x[1] for x in rs if x and x[1]]
                 text = f"#   {op:<15}"
@@ -224,36 +231,39 @@ def load(paths: Iterable[str]) -> List[List[dict]]:
 def median_table(runs: List[List[dict]]) -> List[dict]:
     """One row per (op, world_size, type, size): per backend the median time
     over runs (and the busbw at that time), and the median over runs of the
-    side-by-side ratios."""
+    side-by-side ratios (linkescape/gloo: ``busbw_ratio``, ``time_ratio``;
+    linkescape/mpi: ``busbw_ratio_mpi``, ``time_ratio_mpi``). Isolated calls and
+    loops are rows of their own (``isolated``)."""
     cells: Dict[tuple, Dict[str, list]] = OrderedDict()
-    pairs: Dict[tuple, list] = defaultdict(list)
+    pairs: Dict[tuple, Dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         per_key: Dict[tuple, Dict[str, dict]] = defaultdict(dict)
         for r in run:
-            key = (r["op"], r["world_size"], r["type"], r["size"])
+            key = (r["op"], r["world_size"], r["type"], r["size"], bool(r.get("isolated", False)))
             cells.setdefault(key, defaultdict(list))[r["backend"]].append(r)
             per_key[key][r["backend"]] = r
         for key, by in per_key.items():
-            rt = ratios(by)
-            if rt:
-                pairs[key].append(rt)
+            for other in OTHERS:
+                rt = ratios(by, other)
+                if rt:
+                    pairs[key][other].append(rt)
     out = []
     for key, by in cells.items():
-        row = {"op": key[0], "world_size": key[1], "type": key[2], "size": key[3]}
+        row = {"op": key[0], "world_size": key[1], "type": key[2], "size": key[3], "isolated": key[4]}
         for b, recs in by.items():
             times = [r["time_us"] for r in recs]
             t = statistics.median(times)
             factor = recs[0]["busbw_factor"]
             row[b] = {"time_us": t, "busbw": (key[3] / t / 1e3 * factor) if t > 0 else 0.0, "runs": len(recs),
                       "wrong": sum(r["wrong"] or 0 for r in recs)}
-        rs = pairs.get(key)
-        if rs:
+        for other, rs in pairs.get(key, {}).items():
             bw = [x[0] for x in rs if x[0]]
             tm = [x[1] for x in rs if x[1]]
-            row["busbw_ratio"] = statistics.median(bw) if bw else None
-            row["time_ratio"] = statistics.median(tm) if tm else None
-            row["busbw_ratios"] = bw
-            row["time_ratios"] = tm
+            tail = "" if other == "gloo" else f"_{other}"
+            row["busbw_ratio" + tail] = statistics.median(bw) if bw else None
+            row["time_ratio" + tail] = statistics.median(tm) if tm else None
+            row["busbw_ratios" + tail] = bw
+            row["time_ratios" + tail] = tm
         out.append(row)
     return out
 
@@ -266,23 +276,30 @@ def _size_text(n: int) -> str:
 
 
 def format_medians(rows: List[dict], markdown: bool = False) -> str:
-    backends = [b for b in ("linkescape", "gloo") if any(b in r for r in rows)]
-    head = ["op", "ranks", "size"]
+    backends = [b for b in ("linkescape",) + OTHERS if any(b in r for r in rows)]
+    others = [b for b in OTHERS if b in backends] if "linkescape" in backends else []
+    head = ["op", "ranks", "size"] + (["timing"] if any(r.get("isolated") for r in rows) else [])
     for b in backends:
         head += [f"{b} time (us)", f"{b} busbw (GB/s)"]
-    if len(backends) == 2:
-        head += ["busbw ratio", "time ratio", "runs"]
+    for other in others:
+        head += ["busbw ratio", "time ratio"] if other == "gloo" else [f"busbw ratio /{other}", f"time ratio /{other}"]
+    if others:
+        head += ["runs"]
     lines = []
     body = []
     for r in rows:
         cells = [r["op"], str(r["world_size"]), _size_text(r["size"])]
+        if "timing" in head:
+            cells.append("isolated" if r.get("isolated") else "loop")
         for b in backends:
             c = r.get(b)
             cells += ([fmt_time(c["time_us"]).strip(), f"{c['busbw']:.3f}"] if c else ["-", "-"])
-        if len(backends) == 2:
-            bw, tm = r.get("busbw_ratio"), r.get("time_ratio")
-            cells += [f"{bw:.2f}" if bw else "-", f"{tm:.2f}" if tm else "-",
-                      str(min(r[b]["runs"] for b in backends if b in r))]
+        for other in others:
+            tail = "" if other == "gloo" else f"_{other}"
+            bw, tm = r.get("busbw_ratio" + tail), r.get("time_ratio" + tail)
+            cells += [f"{bw:.2f}" if bw else "-", f"{tm:.2f}" if tm else "-"]
+        if others:
+            cells.append(str(min(r[b]["runs"] for b in backends if b in r)))
         body.append(cells)
     if markdown:
         lines.append("| " + " | ".join(head) + " |")

@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from .. import jsonl
+from . import usage
 from .spec import OPS, BenchSpec, busbw_factor
 
 EVENT_PREFIX = "@@linkescape-bench "
@@ -150,6 +151,12 @@ def make_record(spec: BenchSpec, op: str, backend: str, case, per_rank: List[dic
     cpus = [r.get("cpu", 0.0) * 1e6 for r in per_rank]
     rec["cpu_us"] = statistics.fmean(cpus)
     rec["cpu_us_per_rank"] = [round(c, 1) for c in cpus]
+    # context switches of the rank process per call (getrusage: see usage.py), the mean rank
+    for key in ("vcsw", "ivcsw"):
+        per = [r.get(key, 0.0) for r in per_rank]
+        rec[key] = statistics.fmean(per)
+        rec[f"{key}_per_rank"] = [round(x, 2) for x in per]
+    rec["isolated"] = spec.isolated
     return rec
 
 
@@ -176,7 +183,7 @@ class Rank:
     def setup(self) -> None:
         from .backends import GlooBackend, LinkescapeBackend
 
-        for name in self.spec.backends:
+        for name in self.spec.python_backends():  # Open MPI's ranks are mpirun's (mpi.py)
             self._phase(f"{name} start-up (rendezvous)")
             if name == "linkescape":
                 self.backends.append(LinkescapeBackend(self.store, self.rank, self.n, self.spec.rails,
@@ -218,42 +225,95 @@ class Rank:
         self._phase(f"{backend.name} {op} size {size}: timed runs")
         times = []
         wd = self.wd
-        clock = time.perf_counter
-        cpu0 = time.process_time()
-        t0 = clock()
-        for _ in range(spec.iters):
-            call()
-            t1 = clock()
-            times.append(t1 - t0)
-            t0 = t1
-            wd.beat += 1
-        cpu = (time.process_time() - cpu0) / spec.iters  # every thread of this process
+        clock, now = time.perf_counter, usage.now
+        if spec.isolated:  # each call after the backend's barrier, as every rank arrives at once
+            spent: dict = {}
+            barrier = backend.barrier
+            for _ in range(spec.iters):
+                barrier()
+                u0 = now()
+                t0 = clock()
+                call()
+                t1 = clock()
+                usage.add(spent, u0, now())
+                times.append(t1 - t0)
+                wd.beat += 1
+            used = {k: v / spec.iters for k, v in spent.items()}
+        else:
+            u0 = now()
+            t0 = clock()
+            for _ in range(spec.iters):
+                call()
+                t1 = clock()
+                times.append(t1 - t0)
+                t0 = t1
+                wd.beat += 1
+            used = usage.per_call(u0, now(), spec.iters)
+        # every thread of this process, per call
+        cpu, vcsw, ivcsw = used["cpu_us"] / 1e6, used["vcsw"], used["ivcsw"]
         if op == "send_recv":
             times = [t / 2 for t in times]  # one way of the round trip
         self._phase(f"{backend.name} {op} size {size}: gathering results")
         self.seq += 1
         self.store.set(KEY.format(what="res", seq=self.seq, rank=self.rank), json.dumps({"times": times, "wrong": wrong,
-                                                                                        "cpu": cpu}))
+                                                                                        "cpu": cpu, "vcsw": vcsw,
+                                                                                        "ivcsw": ivcsw}))
         if self.rank != 0:
             return {}
         per_rank = [json.loads(self._get(KEY.format(what="res", seq=self.seq, rank=r))) for r in range(self.n)]
         return make_record(spec, op, backend.name, case, per_rank, self.rails, size)
 
+    def gate(self, step: int) -> None:
+        """Waits for the launcher's turn (``spec.gated``): rank 0 reads a line from its
+        standard input and passes it on through the store; the others wait for that key."""
+        key = KEY.format(what="gate", seq=step, rank=0)
+        self._phase(f"waiting for the turn of step {step} (Open MPI measures meanwhile)")
+        if self.rank == 0:
+            import select
+
+            while True:
+                ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+                self.wd.beat += 1
+                if ready:
+                    break
+            line = sys.stdin.readline().strip()
+            if line != "go":
+                raise BenchError(f"the launcher ended the run (said {line!r} before step {step})")
+            self.store.set(key, b"go")
+            return
+        if hasattr(self.store, "wait"):
+            import datetime
+
+            while True:
+                try:
+                    self.store.wait([key], datetime.timedelta(seconds=2))
+                    return
+                except RuntimeError:  # its timeout: still waiting
+                    self.wd.beat += 1
+        while not self.store.check([key]):
+            time.sleep(0.05)
+            self.wd.beat += 1
+
     def run(self) -> None:
         spec = self.spec
-        for op in spec.runnable_ops():
-            sizes = [0] if OPS[op].sizeless else spec.sizes
-            if self.rank == 0:
-                self.emit({"event": "op", "op": op})
-            for k, size in enumerate(sizes):
-                order = self.backends if k % 2 == 0 else self.backends[::-1]
-                row = {}
-                for backend in order:
-                    rec = self.measure(backend, op, size)
-                    if rec:
-                        row[backend.name] = rec
+        last_op, k = None, 0
+        for step, (op, size) in enumerate(spec.steps()):
+            k += 1
+            if op != last_op:  # k: the size's place in the op's sizes (which backend goes first)
+                last_op, k = op, 0
                 if self.rank == 0:
-                    self.emit({"event": "row", "op": op, "records": [row[b] for b in spec.backends]})
+                    self.emit({"event": "op", "op": op})
+            if spec.gated:
+                self.gate(step)
+            order = self.backends if k % 2 == 0 else self.backends[::-1]
+            row = {}
+            for backend in order:
+                rec = self.measure(backend, op, size)
+                if rec:
+                    row[backend.name] = rec
+            if self.rank == 0:
+                self.emit({"event": "row", "op": op, "step": step,
+                           "records": [row[b] for b in spec.python_backends()]})
         self._phase("shutdown")
         for backend in self.backends:
             backend.barrier()
@@ -335,8 +395,9 @@ class LocalLauncher:
     def _start(self, rank: int, store_arg: str) -> None:
         cmd = [self.python, "-m", "linkescape.bench.runner", "--rank", str(rank), "--store", store_arg,
                "--spec", json.dumps(self.spec.to_dict())]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=child_env())
+        # a gated run's rank 0 reads the launcher's turns on its standard input (Rank.gate)
+        stdin = subprocess.PIPE if self.spec.gated and rank == 0 else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
         self.procs[rank] = proc
         self.tails[rank] = collections.deque(maxlen=40)
         self.last_heard[rank] = time.monotonic()
@@ -354,6 +415,26 @@ class LocalLauncher:
             self.events.put((rank, {"event": "line", "stream": name, "line": line}))
         stream.close()
         self.events.put((rank, {"event": "eof", "stream": name}))
+
+    def go(self) -> None:
+        """A gated run: rank 0's turn to measure the next step."""
+        proc = self.procs[0]
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+
+    # hooks of a launcher that runs another job beside the ranks (mpi.MpiLauncher)
+    def _deliver(self, rank: int, ev: dict) -> None:
+        """A rank's result event (ranks, op, row)."""
+        self.on_event(ev)
+
+    def _other(self, rank, ev: dict) -> None:
+        """An event of something other than a rank process."""
+
+    def _others_check(self) -> None:
+        """Raises BenchError when the other job failed."""
+
+    def _others_done(self) -> bool:
+        return True
 
     def kill_all(self) -> None:
         for proc in self.procs.values():
@@ -417,6 +498,9 @@ class LocalLauncher:
             except queue.Empty:
                 rank, ev = None, None
             now = time.monotonic()
+            if ev is not None and rank not in self.procs:
+                self._other(rank, ev)
+                ev = None
             if ev is not None:
                 self.last_heard[rank] = now
                 kind = ev.get("event")
@@ -434,7 +518,7 @@ class LocalLauncher:
                 elif kind == "eof":
                     self.eofs += 1
                 elif kind != "alive":
-                    self.on_event(ev)
+                    self._deliver(rank, ev)
             # exits
             for r, proc in sorted(self.procs.items()):
                 rc = proc.poll()
@@ -442,7 +526,9 @@ class LocalLauncher:
                     self._drain()
                     self.kill_all()
                     raise self._failure(r, _exit_text(rc))
-            if self.procs and len(self.procs) == spec.world_size and all(p.poll() == 0 for p in self.procs.values()):
+            self._others_check()
+            if self.procs and len(self.procs) == spec.world_size and all(p.poll() == 0 for p in self.procs.values()) \
+                    and self._others_done():
                 self._drain()
                 if not self.done:
                     raise BenchError("the ranks exited without finishing the benchmark")
@@ -461,6 +547,9 @@ class LocalLauncher:
                 rank, ev = self.events.get(timeout=0.1)
             except queue.Empty:
                 continue
+            if rank not in self.procs:
+                self._other(rank, ev)
+                continue
             kind = ev.get("event")
             if kind == "eof":
                 self.eofs += 1
@@ -473,7 +562,7 @@ class LocalLauncher:
                 if self.verbose:
                     print(f"[rank {rank}] {ev['line']}", file=sys.stderr, flush=True)
             elif kind in ("op", "row", "ranks"):
-                self.on_event(ev)
+                self._deliver(rank, ev)
 
 
 def _exit_text(rc: int) -> str:

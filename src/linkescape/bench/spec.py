@@ -170,7 +170,10 @@ def layout(op: str, size: int, itemsize: int, world_size: int) -> Tuple[int, int
 # ------------------------------------------------------------------ dtypes, reductions
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
 REDOPS = ("sum", "prod", "min", "max", "avg")
-BACKENDS = ("linkescape", "gloo")
+BACKENDS = ("linkescape", "gloo", "mpi")
+#: what Open MPI reduces and carries here (numpy types mpi4py maps; MPI has no average)
+MPI_DTYPES = ("float32", "float64", "int8", "uint8", "int32", "int64")
+MPI_REDOPS = ("sum", "prod", "min", "max")
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -214,6 +217,10 @@ class BenchSpec:
     rails: List[str] = field(default_factory=lambda: ["127.0.0.1"])
     timeout: float = 300.0
     store: str = "tcp"  # tcp (torch TCPStore) or file (linkescape.FileStore)
+    #: each timed call after a barrier of its backend (the first bucket of a step), not back to back
+    isolated: bool = False
+    #: the ranks wait for the launcher's turn before each (op, size): set when mpi runs beside them
+    gated: bool = False
 
     def validate(self) -> "BenchSpec":
         if self.world_size < 1:
@@ -239,7 +246,20 @@ class BenchSpec:
                 raise SpecError(f"{op} needs at least {OPS[op].min_ranks} ranks (--world-size)")
         if self.redop == "avg" and self.dtype in ("int8", "uint8", "int32", "int64") and "gloo" in self.backends:
             raise SpecError("avg of integers is not comparable between linkescape and gloo; use a float dtype")
+        if "mpi" in self.backends:
+            if self.dtype not in MPI_DTYPES:
+                raise SpecError(f"backend mpi: dtype {self.dtype} is not one of {', '.join(MPI_DTYPES)}")
+            if self.redop not in MPI_REDOPS:
+                raise SpecError(f"backend mpi: reduction {self.redop} is not one of {', '.join(MPI_REDOPS)}")
         return self
+
+    def steps(self) -> List[Tuple[str, int]]:
+        """Every (op, size) measured, in order (size 0 for barrier)."""
+        return [(op, size) for op in self.runnable_ops() for size in ([0] if OPS[op].sizeless else self.sizes)]
+
+    def python_backends(self) -> List[str]:
+        """The backends that live in the benchmark's own rank processes (not Open MPI's)."""
+        return [b for b in self.backends if b != "mpi"]
 
     def runnable_ops(self) -> List[str]:
         return [op for op in self.ops if OPS[op].min_ranks <= self.world_size]
