@@ -90,7 +90,16 @@ class _BackendInfo:
     supports_splitting = False
     supports_coalescing = False
     supports_time_estimate = False
-    supports_shrinking = False
+    supports_shrinking = True
+
+    def __init__(self, pg: Optional["ProcessGroupLinkEscape"] = None) -> None:
+        self._pg = pg
+
+    def shrink(self, ranks_to_exclude, shrink_flags: int = 0, pg_options=None) -> "ProcessGroupLinkEscape":
+        """What ``dist.shrink_group`` calls on the backend (only the ranks that stay call it)."""
+        if self._pg is None:
+            raise UsageError("this backend view belongs to no process group")
+        return self._pg._shrink(list(ranks_to_exclude), shrink_flags, pg_options)
 
     def name(self) -> str:
         return BACKEND_NAME
@@ -107,7 +116,7 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout=None, *, group_name: str = "",
                  global_ranks: Optional[Sequence[int]] = None, config: Optional[Config] = None,
-                 rails: Optional[Sequence[str]] = None) -> None:
+                 rails: Optional[Sequence[str]] = None, communicator: Optional[Communicator] = None) -> None:
         super().__init__(rank, size)
         self._le_rank = int(rank)
         self._le_size = int(size)
@@ -120,15 +129,18 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         self._coalescing: Optional[List[LinkEscapeWork]] = None
         self._tag_seq = 0
         self._closed = False
+        if communicator is not None:  # a group made by a shrink: over the links of the group it came from
+            self._comm = communicator
         try:
-            self._comm = Communicator(store, self._le_rank, self._le_size, rails=rails, config=self.config)
+            if communicator is None:
+                self._comm = Communicator(store, self._le_rank, self._le_size, rails=rails, config=self.config)
             # Gloo connects eagerly, so its constructor acts as a barrier and
             # callers rely on that (an RPC to a rank still in
             # init_process_group): return only once every rank is connected.
             # A start-up that ended at the store barrier (from 16 ranks on) is
             # one already: a collective barrier there would wait for the links
             # Recovery opens after it (32 ranks on 2 cores: 0.5 s more).
-            if self._le_size > 1 and not self._comm.started_together:
+            if self._le_size > 1 and not self._comm.started_together and communicator is None:
                 self._comm.barrier()
         except UsageError:
             raise
@@ -188,15 +200,40 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
 
     def _get_backend(self, device=None) -> "_BackendInfo":
         """What torch asks a group's per-device backend (splitting, coalescing,
-        tensor allocation): this group is its own backend for every device."""
-        return _BackendInfo()
+        tensor allocation, shrinking): this group is its own backend for every device."""
+        return _BackendInfo(self)
 
     def set_timeout(self, timeout) -> None:
-        """The default timeout of later operations."""
+        """The default timeout of later operations; it caps the no-path deadline too."""
         secs = convert.seconds(timeout)
         if secs is not None:
             self._timeout_s = secs
-            self._comm.config = self._comm.config.replace(timeout=secs)
+            self._comm.set_timeout(secs)
+
+    # ------------------------------------------------------------ shrink
+    def _shrink(self, excluded: List[int], flags: int, pg_options=None) -> "ProcessGroupLinkEscape":
+        """``dist.shrink_group``: a group of the others over this group's links (see
+        ``Communicator.shrink``). ``SHRINK_ABORT`` ends what is in flight first (it fails
+        with ``GroupShrunk``); ``SHRINK_DEFAULT`` refuses while anything is. ``pg_options``
+        cannot change a group that keeps its links: ignored."""
+        self._check()
+        abort = bool(int(flags) & getattr(dist.distributed_c10d, "SHRINK_ABORT", 1))
+        try:
+            comm = self._comm.shrink(excluded, abort=abort)
+        except UsageError:
+            raise
+        except LinkEscapeError as exc:
+            raise wrap_error(exc, "shrink", self._le_rank, self._group_name, self._global_ranks) from exc
+        out = set(excluded)
+        ranks = [g for i, g in enumerate(self._global_ranks) if i not in out]
+        with self._state_lock:
+            works = list(self._inflight.values())
+        for w in works:  # (the library failed their operations: the works say so now)
+            w._fail(self._comm._closed_error)
+        new = ProcessGroupLinkEscape(None, comm.rank, comm.world_size, self._timeout_s, group_name=self._group_name,
+                                     global_ranks=ranks, config=comm.config, communicator=comm)
+        # this group's communicator is closed by the shrink (GroupShrunk); closing it closes nothing more
+        return new
 
     def __repr__(self) -> str:
         return (f"ProcessGroupLinkEscape(rank={self._le_rank}, size={self._le_size}, group={self._group_name!r}, "
@@ -550,6 +587,36 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
                 self._comm.abort()
         except Exception:  # noqa: BLE001 - closing must not raise
             log.exception("closing %r failed", self)
+
+
+def _install_shrink_hook() -> None:
+    """``dist.shrink_group`` registers the backend it gets in a new C++ ``ProcessGroup``
+    (``_create_shrunk_process_group``), which takes only a C++ ``Backend``; a process group
+    written in Python is its own backend (``_new_process_group_helper`` returns such a
+    group itself for the same reason). So for a linkescape group the new group is the one
+    ``shrink`` returned, named as torch names a shrunk group; any other goes to torch's."""
+    c10d = dist.distributed_c10d
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if create is None or getattr(create, "_linkescape", False):
+        return
+
+    def create_shrunk(new_backend, remaining_ranks, metadata, is_default_group):
+        if not isinstance(new_backend, ProcessGroupLinkEscape):
+            return create(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        new_backend._set_group_desc("default:shrunken" if is_default_group
+                                    else f"{metadata['original_group_name']}:shrunk")
+        if metadata.get("bound_device_id") is not None:
+            new_backend.bound_device_id = metadata["bound_device_id"]
+        if metadata.get("backend_config") is not None:
+            c10d._world.pg_backend_config[new_backend] = metadata["backend_config"]
+        return new_backend
+
+    create_shrunk._linkescape = True
+    c10d._create_shrunk_process_group = create_shrunk
+
+
+_install_shrink_hook()
 
 
 def _merge(plans: List[Plan]) -> Plan:
