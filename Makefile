@@ -1,4 +1,4 @@
-# `make test` and `make demo` set everything up from nothing: apt packages,
+# `make test`, `make soak` and `make demo` set everything up from nothing: apt packages,
 # the virtual environment in .venv, then run.
 SHELL := /bin/bash
 PY ?= python3
@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # workers for the parallel part of `make test` (the tests mostly wait on sockets and sleeps)
 JOBS ?= 4
 
-.PHONY: test demo bench apt venv clean bytecode
+.PHONY: test soak demo bench mpi apt venv clean bytecode
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -30,8 +30,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The tests in parallel (pytest-xdist), then those marked serial alone (timing-judged: stalls,
-# detection, rates; or loading every core). Exit status 5 (no test selected) is not a failure.
+# `make test`: every test but the long runs (marked soak, tests/conftest.py's SOAK); `make soak`:
+# those. Each in two parts: the tests in parallel (pytest-xdist), then those marked serial alone
+# (timing-judged: stalls, detection, rates; or loading every core). Exit status 5 (no test selected)
+# is not a failure. Together they run every test once (CI: .ci/run runs both).
 # --maxschedchunk 1: workers get tests two at a time; by default each got a quarter of its share
 # up front, one after the other in collection order, so the first worker got every long test
 # (tests/conftest.py puts them first) and ran them alone for the last three minutes.
@@ -40,17 +42,30 @@ venv: $(STAMP)
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q src >/dev/null
 
-test: apt $(STAMP) bytecode
+define run_tests
 	@rc=0; \
-	$(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
-	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -m "not serial and $(1)" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(BIN)/python -m pytest -m "serial and $(1)" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	exit $$rc
+endef
+
+test: apt $(STAMP) bytecode
+	$(call run_tests,not soak)
+
+soak: apt $(STAMP) bytecode
+	$(call run_tests,soak)
 
 demo: apt $(STAMP) bytecode
 	$(BIN)/linkescape demo
 
 bench: $(STAMP)
 	$(BIN)/linkescape bench all --world-size 2 --backend linkescape,gloo
+
+# `make mpi`: Open MPI for `linkescape bench --backend linkescape,gloo,mpi` (Debian's openmpi-bin,
+# and mpi4py from PyPI in .venv: its wheel loads that libmpi)
+mpi: $(STAMP)
+	@$(MAKE) --no-print-directory apt APT_PACKAGES="openmpi-bin"
+	$(BIN)/pip install -q -e '.[mpi]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -27,6 +27,34 @@ SERIAL = (
 )
 
 
+#: The long runs: `make soak` runs them (CI runs `make test`, then `make soak`), `make test` does
+#: not. Fixed-length soaks, long series and benchmark runs (8-320 s each), none the only test of
+#: what it exercises: a shorter test in `make test` exercises it too (named beside it).
+#: docs/testing.md lists them with their times.
+SOAK = (
+    "tests/chaos/test_chaos_soak.py::test_chaos_soak_60s",  # short: ::test_a_short_scripted_run_reports_everything
+    # 2 x 7 s crosses past a 4 s deadline; short: tests/chaos/test_chaos_regressions.py (relay replays),
+    # tests/testbed/test_relay_testbed.py
+    "tests/chaos/test_chaos_soak.py::test_crosses_longer_than_the_no_path_deadline",
+    # 20k + 6k all_reduces of 4 MiB; short: ::test_resources_return_to_warm_levels_and_close_leaves_nothing
+    "tests/engine/test_resources_integ.py::test_fresh_4mib_buffers",
+    "tests/integration/test_scale_integ.py",  # the 64-rank job; short: the 4-host testbed tests
+    # an idle 16-rank job (5 s) and a 4-rank one (8 s) counted; short: tests/engine/test_timer_rounds.py,
+    # tests/engine/test_idle_after_outage_integ.py
+    "tests/engine/test_idle_cost_integ.py",
+    # DDP training twice (faulty run and reference) on a testbed; short: tests/demo/test_demo.py::test_demo_emulated
+    "tests/demo/test_demo.py::test_demo_testbed",
+    "tests/demo/test_demo_cross.py",  # a 20 s cross under DDP, twice; short: the same emulated demo
+    # the failover benchmark's runs on a testbed (detection and rates judged against their targets: a
+    # benchmark's goals); its unit tests stay; short: tests/integration/test_failover_integ.py, the replays
+    "tests/bench/failover/test_failover_bench.py::test_small_failover_bench",
+    "tests/bench/failover/test_failover_bench.py::test_mptcp_comparison_small",
+    "tests/bench/failover/test_failover_bench.py::test_a_flap_series_with_the_jobs_rate_and_carrier_detection",
+    "tests/bench/failover/test_failover_rates.py::test_a_cut_keeps_a_4_host_job_at_0_9x_healthy",
+    "tests/bench/failover/test_failover_rates.py::test_the_relayed_phase_on_a_4_host_testbed",
+)
+
+
 #: The longest of the others (15 s to 4 minutes each): handed out first, two at a time (the
 #: Makefile's --maxschedchunk 1), so that the parallel run does not end with one worker still on
 #: one of them.
@@ -48,12 +76,18 @@ LONG_FIRST = (
 )
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: a long run: `make soak` runs it, `make test` does not (SOAK above)")
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+        if item.nodeid.startswith(SOAK):
+            item.add_marker(pytest.mark.soak)
     items.sort(key=lambda item: next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)),
                                      len(LONG_FIRST)))
 

@@ -89,10 +89,18 @@ def test_the_documented_defaults_are_configs():
     assert checked >= 35, checked  # the table's plain defaults are checked, not skipped
 
 
-def test_the_readme_names_only_documented_variables():
+def test_the_readme_names_only_documented_variables_with_their_documented_defaults():
     names = set(documented_names())
-    readme = set(re.findall(r"LINKESCAPE_[A-Z0-9_]*[A-Z0-9]", (ROOT / "README.md").read_text()))
+    text = (ROOT / "README.md").read_text()
+    readme = set(re.findall(r"LINKESCAPE_[A-Z0-9_]*[A-Z0-9]", text))
     assert readme <= names, f"README.md names variables docs/configuration.md does not: {sorted(readme - names)}"
+    doc_default = {n: d for rows in documented().values() for names_, defaults, _ in rows
+                   for n, d in zip(names_, defaults)}
+    rows = re.findall(r"^\| `(LINKESCAPE_\w+)` \| ([^|]*) \|", text, re.M)
+    assert len(rows) >= 8, rows  # the README's table of the most used variables
+    for name, default in rows:
+        assert default.strip() == doc_default[name], f"README.md: {name} defaults to {default.strip()!r}, " \
+                                                     f"docs/configuration.md to {doc_default[name]!r}"
 
 
 # ---------------------------------------------------------------- validation of every value

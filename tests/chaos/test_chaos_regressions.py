@@ -4,7 +4,9 @@ Every file in ``schedules/`` is a schedule the chaos soak ran (or its window)
 with its seed and, in ``params.note``, what went wrong. A test replays it on a
 fresh testbed and asserts the report's verdict, plus the property the bug
 broke. They fail against the library as it was when they were found; the
-report in the failure message says what happened this time.
+report in the failure message says what happened this time. Each is cut to the
+window around its bug (``params.shortened`` says what was dropped; issue 50):
+docs/testing.md says which were replayed on the code before their fix.
 """
 
 from __future__ import annotations
