@@ -27,7 +27,7 @@ import socket
 from typing import Callable, Dict, List, Optional
 
 from ..config import Config
-from ..errors import CommClosed, LinkEscapeError, PeerLost
+from ..errors import CommClosed, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import address_range
 from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH
 from ..protocol.grey import RailRate, Window
@@ -412,7 +412,14 @@ class Engine:
             elif t is Relayed:
                 src = self.peers.find(o.src)  # (a peer not built yet is built now)
                 if src is not None:
-                    out = src.on_relayed(o.frame)
+                    if not src.relay_agreed():  # our own path to it is healthy (issue 48)
+                        self._apply(src, src.refuse_relayed())
+                        continue
+                    try:
+                        out = src.on_relayed(o.frame)
+                    except ProtocolError as exc:  # the relay's doing: its link, not src's
+                        self._apply(peer, peer.bad_relayed(o.link, exc))
+                        continue
                     lost = any(type(x) is RelayEnded for x in out)
                     self._apply(src, out)
                     if src.relay is None and src.no_path_since is not None and not lost:

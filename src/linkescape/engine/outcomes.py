@@ -133,13 +133,15 @@ class Forward(Outcome):
 
 
 class Relayed(Outcome):
-    """(relay) A frame from ``src`` that this peer passed on to us."""
+    """(relay) A frame from ``src`` that this peer passed on to us, on ``link`` (this peer's link
+    it came on: a bad one counts against that link, not against ``src``)."""
 
-    __slots__ = ("src", "frame")
+    __slots__ = ("src", "frame", "link")
 
-    def __init__(self, src: int, frame: memoryview):
+    def __init__(self, src: int, frame: memoryview, link=None):
         self.src = src
         self.frame = frame
+        self.link = link
 
 
 class Unreachable(Outcome):

@@ -172,6 +172,8 @@ class PeerChannel(PeerTimers):
         self.holds: List[Hold] = [Hold(base=env.config.failback_holddown) for _ in range(nrails)]
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
+        #: frames claiming to be this peer's that another rank passed on while our path to it was healthy
+        self.relayed_refused = 0
         #: bytes moved by this peer's links that are closed now, per rail
         self.closed_sent: List[int] = [0] * nrails
         self.closed_received: List[int] = [0] * nrails
@@ -599,8 +601,29 @@ class PeerChannel(PeerTimers):
                         st.next_probe = now
                 self.report(Redial())
 
+    def relay_agreed(self) -> bool:
+        """Whether we take a frame of this peer that a third rank passed on: only while we route to
+        it through a relay, or have no path to it of our own (issue 48: not while our own links to
+        it are healthy, whatever a rank of the job claims)."""
+        return self.relay is not None or self.no_path_since is not None or not self.live_links()
+
+    def refuse_relayed(self):
+        """A frame claiming to be this peer's came through another rank while our own path to it
+        looks healthy: dropped. A heartbeat on that path gives it something to acknowledge, so a
+        path that is broken in fact shows (its silence) and the peer's relay is taken from then on."""
+        self.relayed_refused += 1
+        self._beat()
+        return self._done()
+
+    def bad_relayed(self, link: Optional[Link], exc: ProtocolError):
+        """(the relay's channel) A frame this peer passed on to us, claiming another rank as its
+        source, breaks the protocol: it counts against this peer's link it came on."""
+        self._protocol_error(link, exc)
+        return self._done()
+
     def on_relayed(self, frame: memoryview):
-        """A frame of this peer that a third rank passed on to us."""
+        """A frame of this peer that a third rank passed on to us. A ``ProtocolError`` is the
+        relay's (``bad_relayed``): raised to the caller, never counted against this peer."""
         try:
             hdr = unpack_header(frame, self.env.config.max_frame_bytes)
             if len(frame) != HEADER_SIZE + hdr.length:
@@ -618,8 +641,8 @@ class PeerChannel(PeerTimers):
                 self.receiver.on_relayed(frame)
             else:
                 self.on_control(None, hdr)
-        except ProtocolError as exc:
-            self._protocol_error(None, exc)
+        except ProtocolError:
+            raise
         except LinkEscapeError as exc:
             self.report(Fatal(exc))
         if self.sender.queue or self.sender.replay or self.sender.ack_urgent:

@@ -339,7 +339,7 @@ class Receiver:
             self._whole_data(hdr, payload, keep=True)
         elif hdr.kind == RELAY:
             frame = memoryview(bytearray(payload))
-            peer.report(Relayed(hdr.arg, frame) if hdr.flags & FLAG_PASSED else Forward(hdr.arg, frame))
+            peer.report(Relayed(hdr.arg, frame, link) if hdr.flags & FLAG_PASSED else Forward(hdr.arg, frame))
         else:
             peer.on_control(link, hdr)
 
@@ -547,7 +547,7 @@ class Receiver:
             frame = link.sink
             link.reset_read()
             if hdr.flags & FLAG_PASSED:
-                peer.report(Relayed(hdr.arg, frame))
+                peer.report(Relayed(hdr.arg, frame, link))
             else:
                 peer.report(Forward(hdr.arg, frame))
             return

@@ -1,0 +1,95 @@
+"""Issue 48 item 2: a rank of the job posing as another through a relay.
+Rank 2 passes rank 0 RELAY frames that claim to come from rank 1 (a BYE, a
+PEER_LOST naming a live rank, a rails word with both rails down, a DATA frame
+in rank 1's sequence), while rank 0's own links to rank 1 are healthy and no
+relay was set up. Before, rank 0 applied them as rank 1's (the BYE alone
+failed the job with "rank 1 closed its communicator"). Now a relayed frame is
+taken only while this rank routes to its claimed source through a relay or
+has no path to it; these are dropped, and every result stays exact."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from linkescape import Config
+from linkescape.engine.link import WireItem
+from linkescape.protocol.frames import (BYE, DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, PEER_LOST, RELAY,
+                                        pack_header)
+from linkescape.testing import raise_first, run_ranks
+
+RAILS = ("127.0.0.1", "127.0.0.2")
+
+
+class _Payload:
+    def __init__(self, data: bytes) -> None:
+        self.payload = memoryview(data)
+        self.length = len(data)
+
+
+def _forgeries(expected_seq: int):
+    return {
+        "bye": pack_header(BYE, 0, 0),
+        "peer_lost": pack_header(PEER_LOST, 0, 0, arg=2),
+        "rails": pack_header(HEARTBEAT, 0, 0, rails=(200 << 8) | 3),
+        "data": pack_header(DATA, expected_seq, 0, msg=1 << 40, offset=0, length=8, arg=8) + b"\xff" * 8,
+    }
+
+
+def _pass_on(comm, to: int, claimed: int, kind: str) -> None:
+    """Rank 2 writes a RELAY frame 'passed on from ``claimed``' into its own link to ``to``."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with comm._driver.locked() as eng:
+            link = eng.peers[to].links[0]
+            if link is not None and not link.out:
+                inner = _forgeries(1 << 20)[kind]
+                outer = pack_header(RELAY, 0, 0, arg=claimed, length=len(inner), flags=FLAG_PASSED,
+                                    rails=eng.rail_word.word)
+                if link.mac is not None:  # a rank of the job holds the link's keys: its frames verify
+                    link.queue(WireItem(outer, _Payload(inner)))
+                    link.flush()
+                else:
+                    link.sock.send(outer + inner)
+                return
+        time.sleep(0.02)
+    raise AssertionError("rank 2's link to rank 0 never idle")
+
+
+def _job(comm, kinds):
+    n, r = comm.world_size, comm.rank
+    ok = True
+
+    def check(i):
+        buf = np.arange(2000, dtype=np.float64) + r + i
+        comm.all_reduce(buf)
+        return bool(np.array_equal(buf, n * np.arange(2000, dtype=np.float64) + sum(range(n)) + n * i))
+
+    for i in range(5):
+        ok &= check(i)
+    for k, kind in enumerate(kinds):
+        comm.barrier()
+        if r == 2:
+            _pass_on(comm, 0, 1, kind)
+        time.sleep(0.3)
+        for i in range(10 + 20 * k, 30 + 20 * k):
+            ok &= check(i)
+    comm.barrier()
+    refused = None
+    if r == 0:
+        with comm._driver.locked() as eng:
+            refused = eng.peers[1].relayed_refused
+    lost = [e for e in comm.events.recent() if e["event"] == "peer_lost"]
+    return ok, refused, lost
+
+
+@pytest.mark.parametrize("frame_auth", [False, True], ids=["no_frame_auth", "frame_auth"])
+def test_a_forged_relay_frame_from_a_job_rank_is_not_taken_for_another_ranks(frame_auth):
+    kinds = ["data", "rails", "peer_lost", "bye"]
+    cfg = Config(frame_auth=frame_auth, timeout=60, failback_holddown=0.2)
+    results = raise_first(run_ranks(3, _job, kinds, rails=RAILS, config=cfg, timeout=180))
+    for ok, _refused, lost in results:
+        assert ok and not lost, results
+    assert results[0][1] == len(kinds), results[0]
