@@ -1,0 +1,164 @@
+"""linkescape bench --backend linkescape,gloo,mpi: Open MPI's job beside the ranks (real mpirun, real
+TCP on loopback, 2 ranks, a few calls), --isolated, the per call context switches, and the one-line
+message when Open MPI is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from linkescape.bench import mpi
+from linkescape.bench.cli import bench
+from linkescape.bench.runner import BenchError
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="gloo needs torch")
+
+
+def _mpi_or_none():
+    try:
+        return mpi.find()
+    except mpi.MpiUnavailable as exc:
+        return str(exc)
+
+
+FOUND = _mpi_or_none()
+needs_mpi = pytest.mark.skipif(isinstance(FOUND, str), reason=f"no Open MPI here ({FOUND}); `make mpi` installs it")
+
+
+def run_bench(args, tmp_path, name="out.jsonl", env=None):
+    path = tmp_path / name
+    result = CliRunner().invoke(bench, [*args, "--json", str(path), "--timeout", "60"], catch_exceptions=False,
+                                env=env)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return result, records
+
+
+@needs_mpi
+@needs_torch
+def test_three_backends_side_by_side_every_op(tmp_path):
+    result, records = run_bench(["all", "--sizes", "64K", "--world-size", "2", "--backend", "linkescape,gloo,mpi",
+                                 "--iters", "3", "--warmup", "1"], tmp_path)
+    assert result.exit_code == 0, result.output
+    ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
+           "send_recv", "barrier"}
+    got = {(r["op"], r["backend"], r["size"]) for r in records}
+    for op in ops:
+        for backend in ("linkescape", "gloo", "mpi"):
+            assert any(o == op and b == backend for o, b, _s in got), (op, backend)
+    for r in records:
+        if r["backend"] != "mpi":
+            continue
+        assert r["world_size"] == 2 and r["iters"] == 3 and len(r["times_us"]) == 3
+        assert r["time_us"] > 0 and r["isolated"] is False
+        # Open MPI gets the same buffers and the same check as the others
+        assert r["wrong"] == 0, r
+        assert r["library"].startswith("Open MPI")
+        assert r["cpu_us"] > 0 and r["vcsw"] >= 0 and r["ivcsw"] >= 0 and len(r["vcsw_per_rank"]) == 2
+        assert math.isclose(r["time_us"], statistics.median(r["times_us"]), rel_tol=1e-3, abs_tol=1e-3)
+    # one row per (op, size) with the three, and the linkescape/mpi ratios in the table
+    lines = result.output.splitlines()
+    assert any("linkescape/gloo" in line and "linkescape/mpi" in line for line in lines)
+    assert "# linkescape/mpi per op:" in result.output
+    sizes = [r for r in records if r["op"] == "all_reduce"]
+    assert [r["backend"] for r in sizes] == ["linkescape", "gloo", "mpi"]
+
+
+@needs_mpi
+def test_mpi_alone_isolated_three_ranks(tmp_path):
+    result, records = run_bench(["all_reduce,all_gather", "--sizes", "4,64K", "--world-size", "3", "--backend", "mpi",
+                                 "--iters", "4", "--warmup", "1", "--isolated"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert len(records) == 4 and {r["backend"] for r in records} == {"mpi"}
+    for r in records:
+        assert r["isolated"] is True and r["world_size"] == 3 and r["wrong"] == 0
+        assert len(r["cpu_us_per_rank"]) == 3 and all(c > 0 for c in r["cpu_us_per_rank"])
+    assert "(isolated: each call after a barrier)" in result.output
+
+
+@needs_mpi
+@pytest.mark.skipif(not mpi._imports(mpi.SYSTEM_PYTHON), reason=f"{mpi.SYSTEM_PYTHON} has no mpi4py and numpy "
+                    "(Debian: apt-get install python3-mpi4py python3-numpy)")
+def test_debians_mpi4py_with_the_system_python(tmp_path, monkeypatch):
+    monkeypatch.setattr(mpi, "_python_for_mpi", lambda _executable: mpi.SYSTEM_PYTHON)
+    result, records = run_bench(["all_reduce", "--sizes", "4", "--world-size", "2", "--backend", "mpi", "--iters", "2",
+                                 "--warmup", "0"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert len(records) == 1 and records[0]["backend"] == "mpi" and records[0]["time_us"] > 0
+    # its ranks check the results when that Python can import this linkescape, N/A otherwise
+    assert records[0]["wrong"] in (0, None)
+
+
+@needs_torch
+def test_isolated_calls_and_context_switches_of_the_python_backends(tmp_path):
+    result, records = run_bench(["all_reduce", "--sizes", "4,1M", "--world-size", "2", "--backend", "linkescape,gloo",
+                                 "--iters", "5", "--warmup", "1", "--isolated"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert len(records) == 4
+    for r in records:
+        assert r["isolated"] is True and len(r["times_us"]) == 5 and r["wrong"] == 0
+        assert r["cpu_us"] > 0 and len(r["cpu_us_per_rank"]) == 2
+        assert r["vcsw"] >= 0 and r["ivcsw"] >= 0 and len(r["ivcsw_per_rank"]) == 2
+    # Gloo's threads block on their sockets: a 1 MiB exchange sleeps and wakes at least once a call
+    big = [r for r in records if r["backend"] == "gloo" and r["size"] == 1 << 20][0]
+    assert big["vcsw"] >= 1, big
+    assert "--isolated" in result.output.splitlines()[0]
+
+
+def test_without_mpirun_the_cli_says_how_to_get_it(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    with pytest.raises(mpi.MpiUnavailable, match="make mpi"):
+        mpi.find(path=str(empty))
+    assert issubclass(mpi.MpiUnavailable, BenchError)
+    result, records = run_bench(["all_reduce", "--sizes", "4", "--backend", "linkescape,mpi"], tmp_path,
+                                env={"PATH": str(empty)})
+    assert result.exit_code == 1 and not records
+    out = result.output.strip().splitlines()
+    assert len(out) == 1, result.output  # one line, no traceback
+    assert out[0].startswith("Error: backend mpi needs Open MPI's mpirun") and "make mpi" in out[0], out[0]
+    assert "apt-get install openmpi-bin" in out[0] and "linkescape[mpi]" in out[0]
+
+
+def test_without_mpi4py_the_error_names_it(tmp_path, monkeypatch):
+    if importlib.util.find_spec("mpi4py") is not None:
+        pytest.skip("this Python has mpi4py: the case of a Python without it cannot be made here")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mpirun").write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(fake / "mpirun", 0o755)
+    monkeypatch.setattr(mpi, "SYSTEM_PYTHON", str(tmp_path / "no-python"))
+    mpi._python_for_mpi.cache_clear()
+    try:
+        with pytest.raises(mpi.MpiUnavailable, match=r"mpi4py .*make mpi"):
+            mpi.find(path=str(fake))
+    finally:
+        mpi._python_for_mpi.cache_clear()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--dtype", "float16"], "backend mpi: dtype float16"),
+    (["--op", "avg"], "backend mpi: reduction avg"),
+    (["--launcher", "env"], "backend mpi runs its ranks with mpirun"),
+])
+def test_what_mpi_cannot_do_is_a_usage_error(args, text):
+    if isinstance(FOUND, str) and "--launcher" not in args:
+        pytest.skip(f"no Open MPI here ({FOUND})")
+    result = CliRunner().invoke(bench, ["all_reduce", "--sizes", "4", "--backend", "mpi", *args])
+    assert result.exit_code == 2 and text in result.output, result.output
+
+
+def test_the_mpirun_command_runs_tcp_only_on_loopback():
+    found = {"mpirun": "/usr/bin/mpirun", "python": "/usr/bin/python3"}
+    cmd = mpi.command(found, 4, "{}")
+    assert cmd[:4] == ["/usr/bin/mpirun", "-n", "4", "--oversubscribe"]
+    assert cmd[-4:] == ["/usr/bin/python3", mpi.RANK_SCRIPT, "--spec", "{}"] and os.path.exists(mpi.RANK_SCRIPT)
+    env = mpi.env({"PATH": "/bin", "OMPI_MCA_btl_tcp_if_include": "eth9"})
+    assert env["OMPI_MCA_pml"] == "ob1" and env["OMPI_MCA_btl"] == "tcp,self"
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "eth9"  # the user's choice stays
