@@ -154,6 +154,8 @@ VALUES: Dict[str, Tuple[str, Callable[[dict], str]]] = {
                                                        - d["saved"]["torchft"]["yuan_saved"])),
     "restart-cost": ("linkescape cost --break-even", lambda d: _y(d["restart_cost_s"])),
     "best-wait": ("linkescape cost --break-even", lambda d: f"{d['best_wait_s']:g}"),
+    "near-lo": ("linkescape cost --break-even", lambda d: f"{d['optimum']['within_1pct_lo']:g}"),
+    "near-hi": ("linkescape cost --break-even", lambda d: f"{d['optimum']['within_1pct_hi']:g}"),
     "saved-rail": ("linkescape cost --coverage rail-optimized", lambda d: _y(d["yuan_saved"])),
     "saved-dual": ("linkescape cost --coverage dual-plane", lambda d: _y(d["yuan_saved"])),
     "nic-lo": ("linkescape cost", lambda d: f"{d['rate_band']['nic_interval'][0]:.2f}"),

@@ -16,6 +16,7 @@ candidate that saves most at the model's defaults (a test holds config.py to it)
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Dict, List, Sequence
 
@@ -67,19 +68,37 @@ def optimum(p: SimParams, top: float = 3600.0, step: float = 5.0) -> Dict[str, f
             "within_1pct_hi": max(near)}
 
 
+def still_out(p: SimParams, wait_s: float, cause: str = "switch") -> Dict[str, float]:
+    """Of the outages still going after ``wait_s``: the share that are hardware swaps, and the chance
+    per second that one ends (the mix's hazard; waiting pays while it is above 1 / restart cost)."""
+    left, ending = 0.0, 0.0
+    swaps = 0.0
+    for share, hours, expo in p.repair_mix(cause):
+        s = hours * 3600.0
+        if expo:
+            alive = share * math.exp(-wait_s / s) if s > 0 else 0.0
+            left += alive
+            ending += alive / s if s > 0 else 0.0
+        elif s > wait_s:
+            left += share
+            swaps += share
+    return {"swap_share": swaps / left if left else 0.0, "hazard_per_s": ending / left if left else 0.0}
+
+
 def break_even(p: SimParams, waits: Sequence[float] = WAITS) -> Dict[str, Any]:
     sweep = wait_sweep(p, waits)
     best = max(sweep, key=lambda r: r["yuan_saved"])
     return {"restart_cost_s": restart_cost_hours(p) * 3600.0, "repairs": repair_rows(p), "waits": sweep,
             "best_wait_s": best["wait_s"], "best_yuan_saved": best["yuan_saved"], "optimum": optimum(p),
-            "current_wait_s": p.no_path_s}
+            "current_wait_s": p.no_path_s, "at_best": still_out(p, best["wait_s"]),
+            "at_start": still_out(p, 0.0)}
 
 
 def break_even_text(d: Dict[str, Any]) -> str:
     c = d["restart_cost_s"]
     L = [f"The no-path wait against a restart: a restart costs {c:,.0f} s of the whole job (the work since the "
          "checkpoint and the restart), so waiting pays for a repair shorter than that.", "",
-         f"{'repair':14}{'share':>7}{'time':>12}{'wait it out':>13}{'restart':>10}  verdict"]
+         f"{'repair':14}{'share':>7}{'time':>12}{'wait it out':>13}{'restart':>10}  if the job knew it"]
     for r in d["repairs"]:
         t = r["repair_s"]
         time_s = f"{t:,.0f} s" if t < 3600 else f"{t / 3600:g} h"
@@ -91,12 +110,17 @@ def break_even_text(d: Dict[str, Any]) -> str:
                                                                      else "")
         L.append(f"{r['wait_s']:>9g}{r['yuan_saved']:>18,.0f}{r['ettr']:>8.4f}{r['wait_hours']:>10.2f}"
                  f"{r['interruptions']:>15.1f}{mark}")
-    o = d["optimum"]
+    o, a0, ab = d["optimum"], d["at_start"], d["at_best"]
+    L += ["", "A job does not know which kind of repair it waits for: waiting pays while an outage still going "
+              f"ends at more than one per restart cost ({c:,.0f} s). At the fault it ends at "
+              f"{a0['hazard_per_s'] * c:.1f} per {c:,.0f} s ({a0['swap_share']:.0%} of the outages are swaps); after "
+              f"{d['best_wait_s']:g} s at {ab['hazard_per_s'] * c:.2f} ({ab['swap_share']:.0%} of those still going "
+              "are swaps)."]
     L += ["", f"best of these: {d['best_wait_s']:g} s ({d['best_yuan_saved']:,.0f} yuan per run); on a 5 s grid "
               f"{o['wait_s']:g} s, and every wait from {o['within_1pct_lo']:g} to {o['within_1pct_hi']:g} s saves "
               "within 1 % of it. LINKESCAPE_NO_PATH_TIMEOUT's default is the best of these at the model's defaults."]
     return "\n".join(L) + "\n"
 
 
-__all__ = ["WAITS", "restart_cost_hours", "repair_rows", "wait_sweep", "best_wait", "optimum", "break_even",
+__all__ = ["WAITS", "restart_cost_hours", "repair_rows", "wait_sweep", "best_wait", "optimum", "still_out", "break_even",
            "break_even_text"]
