@@ -21,6 +21,8 @@ Examples:
   linkescape bench all_reduce --sizes 16M,64M,256M --world-size 4 --backend linkescape,gloo \\
       --rails 127.0.0.1,127.0.0.2
   linkescape bench --memory all --json memory.jsonl     (RSS with fresh buffers against reused ones)
+  linkescape bench all_reduce --sizes 4,1M,64M --world-size 4 --backend linkescape,gloo,mpi --isolated
+      (Open MPI over TCP beside them: make mpi; each call timed alone after a barrier)
 \b
 Sizes follow nccl-tests: the output buffer for all_gather/gather, the input
 for reduce_scatter/scatter, the whole buffer otherwise. busbw = algbw x
@@ -98,7 +100,8 @@ DEFAULT_RAILS = "127.0.0.1"
                    "(root); --rails is then the testbed's rail count (default 2); see --rate-phases")
 @click.option("--scale", "scale", default=None, metavar="N,N,...",
               help="run the scale benchmark instead: for each N, N ranks here with linkescape and gloo side "
-                   "by side: idle CPU per rank, 4 B and 1 MiB all_reduce, init (wall and CPU per rank), store calls a "
+                   "by side: idle CPU per rank, 4 B and 1 MiB all_reduce (back to back and isolated, with CPU time "
+                   "and context switches per call and rank), init (wall and CPU per rank), store calls a "
                    "second, fds per rank")
 @click.option("--idle-seconds", type=float, default=5.0, show_default=True,
               help="--scale: seconds of idleness measured per N")

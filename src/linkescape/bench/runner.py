@@ -10,9 +10,15 @@ One measurement, on every rank:
 1. fresh buffers with known inputs; one run; count the wrong elements;
 2. ``warmup`` untimed runs;
 3. the backend's barrier, then ``iters`` runs back to back, timing each one
-   (``time.perf_counter`` between consecutive completions);
+   (``time.perf_counter`` between consecutive completions); with
+   ``spec.isolated``, each run alone after the backend's barrier (the first
+   bucket of a step: every rank arrives at once); around the timed runs, the
+   process's CPU time and context switches (``usage.py``);
 4. every rank publishes its times in the store; rank 0 takes, per iteration,
    the slowest rank, and reports the median of that (mean, min and max too).
+
+With ``spec.gated`` (Open MPI beside the ranks: ``mpi.MpiLauncher``) the ranks
+wait for the launcher's turn before each (op, size) step (``Rank.gate``).
 
 Events go from the ranks to the launcher as JSON lines on stdout, prefixed
 with ``EVENT_PREFIX``. Every rank runs a watchdog: an operation that makes no
