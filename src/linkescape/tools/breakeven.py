@@ -122,5 +122,6 @@ def break_even_text(d: Dict[str, Any]) -> str:
     return "\n".join(L) + "\n"
 
 
-__all__ = ["WAITS", "restart_cost_hours", "repair_rows", "wait_sweep", "best_wait", "optimum", "still_out", "break_even",
+__all__ = ["WAITS", "restart_cost_hours", "repair_rows", "wait_sweep", "best_wait", "optimum", "still_out",
+           "break_even",
            "break_even_text"]

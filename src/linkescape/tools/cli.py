@@ -334,7 +334,8 @@ def simulate(trials, failure_log, sweep_spec, as_json, plot_path, **kw) -> None:
         from .tornado import tornado
 
         res["tornado"] = tornado(p)
-        res["plot"] = modelplot.plot_tornado(plot_path, res["tornado"], p, sim=None if faults else res["saved"]["escape"])
+        sim = None if faults else res["saved"]["escape"]
+        res["plot"] = modelplot.plot_tornado(plot_path, res["tornado"], p, sim=sim)
     click.echo(json.dumps(res, indent=1, default=str) if as_json else simulate_text(res, p, cf), nl=as_json)
     if plot_path and not as_json:
         click.echo(f"plot: {plot_path}")

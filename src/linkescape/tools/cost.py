@@ -201,7 +201,8 @@ def ft_ettr(p: SimParams, m: Mode) -> Dict[str, Any]:
     T, eff, G = p.hours, p.checkpoint_efficiency(), p.ft_groups
     per = m.out_h / G + m.leave_h
     if not m.escapes:
-        lam, up_loss, escaped, degraded, relayed = sum(p.events_per_hour(c) for c in (*CAUSES, "other")), 0.0, 0.0, 0.0, 0.0
+        lam = sum(p.events_per_hour(c) for c in (*CAUSES, "other"))
+        up_loss = escaped = degraded = relayed = 0.0
     else:
         a = _escape_rates(p, m)
         # a host slowed (or relayed) for longer than a group out would cost is left out at once
@@ -369,5 +370,6 @@ def seed_article(**override: float) -> Dict[str, Any]:
             "ettr_bound_hours": bound, "contradictions": found}
 
 
-__all__ = ["WAITS", "best_wait", "ft_ettr", "renewal_ettr", "mode_ettr", "closed_form", "savings", "coverage_band", "rate_band", "compute",
+__all__ = ["WAITS", "best_wait", "ft_ettr", "renewal_ettr", "mode_ettr", "closed_form", "savings", "coverage_band",
+           "rate_band", "compute",
            "seed_article", "SEED"]

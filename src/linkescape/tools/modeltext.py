@@ -25,8 +25,8 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
            if p.policy == "active-backup" else
            f"stripe: every rail while healthy, {p.stripe_fault_rate:.2f}x of that during a fault (measured)")
     wait = f"no path: wait {p.no_path_s:g} s (LINKESCAPE_NO_PATH_TIMEOUT), then fail"
-    mix = (f"repairs      {p.flap_share:.0%} end by themselves (mean {p.flap_s:g} s), {p.reboot_share:.0%} with a reboot "
-           f"(mean {p.reboot_s:g} s), the rest a swap (NIC {p.repair_nic_hours:g} h, host link "
+    mix = (f"repairs      {p.flap_share:.0%} end by themselves (mean {p.flap_s:g} s), {p.reboot_share:.0%} with a "
+           f"reboot (mean {p.reboot_s:g} s), the rest a swap (NIC {p.repair_nic_hours:g} h, host link "
            f"{p.repair_cable_hours:g} h, optic {p.repair_optic_hours:g} h, switch {p.repair_switch_hours:g} h; "
            "all assumed)")
     relay = (f"relay on: a cross runs at {p.relay_rate:.2f}x (measured, docs/failover.md)" if p.relay
@@ -99,10 +99,11 @@ def _savings_lines(res: Dict[str, Any], p: SimParams) -> List[str]:
 
 def ft_note(res: Dict[str, Any]) -> str:
     t, e = res["torchft"], res["escape_torchft"]
+    extra = res["saved"]["escape_torchft"]["yuan_saved"] - res["saved"]["torchft"]["yuan_saved"]
     return (f"  torchft rows: no restart; by assumption they survive every fault that takes one replica group, of any "
             f"cause, never several groups at once; groups left out per run: torchft {t.get('left_out', 0.0):.1f}, "
             f"escape + shrink/torchft {e.get('left_out', 0.0):.1f} (escape takes the faults of one rail); escape + "
-            f"shrink/torchft against torchft alone: {_y(res['saved']['escape_torchft']['yuan_saved'] - res['saved']['torchft']['yuan_saved'])} yuan per run")
+            f"shrink/torchft against torchft alone: {_y(extra)} yuan per run")
 
 
 def cost_text(res: Dict[str, Any], p: SimParams) -> str:
