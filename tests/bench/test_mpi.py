@@ -71,7 +71,14 @@ def test_three_backends_side_by_side_every_op(tmp_path):
 
 
 @needs_mpi
-def test_mpi_alone_isolated_three_ranks(tmp_path):
+def test_mpi_alone_isolated_three_ranks(tmp_path, monkeypatch):
+    turns = []
+    ask = mpi.MpiLauncher._ask
+
+    def recording(self, who):
+        turns.append((self.step, who))
+        ask(self, who)
+    monkeypatch.setattr(mpi.MpiLauncher, "_ask", recording)
     result, records = run_bench(["all_reduce,all_gather", "--sizes", "4,64K", "--world-size", "3", "--backend", "mpi",
                                  "--iters", "4", "--warmup", "1", "--isolated"], tmp_path)
     assert result.exit_code == 0, result.output
@@ -80,6 +87,9 @@ def test_mpi_alone_isolated_three_ranks(tmp_path):
         assert r["isolated"] is True and r["world_size"] == 3 and r["wrong"] == 0
         assert len(r["cpu_us_per_rank"]) == 3 and all(c > 0 for c in r["cpu_us_per_rank"])
     assert "(isolated: each call after a barrier)" in result.output
+    # the two jobs take turns, alternating which goes first from one step to the next
+    assert turns == [(0, "ranks"), (0, "mpi"), (1, "mpi"), (1, "ranks"), (2, "ranks"), (2, "mpi"), (3, "mpi"),
+                     (3, "ranks")]
 
 
 @needs_mpi
@@ -162,3 +172,27 @@ def test_the_mpirun_command_runs_tcp_only_on_loopback():
     env = mpi.env({"PATH": "/bin", "OMPI_MCA_btl_tcp_if_include": "eth9"})
     assert env["OMPI_MCA_pml"] == "ob1" and env["OMPI_MCA_btl"] == "tcp,self"
     assert env["OMPI_MCA_btl_tcp_if_include"] == "eth9"  # the user's choice stays
+
+
+def test_medians_of_three_backends_keep_isolated_runs_apart():
+    from linkescape.bench.report import format_medians, median_table
+
+    def rec(backend, t, isolated, cpu):
+        return {"op": "all_reduce", "backend": backend, "world_size": 4, "type": "float32", "size": 4,
+                "time_us": t, "busbw_factor": 1.5, "busbw": 4 / t / 1e3 * 1.5, "wrong": 0, "isolated": isolated,
+                "cpu_us": cpu, "vcsw": 2.0,
+                "ivcsw": 0.5}
+    runs = [[rec("linkescape", le, iso, 100.0 + i), rec("gloo", gl, iso, 200.0), rec("mpi", mp, iso, 50.0)]
+            for i, (le, gl, mp) in enumerate([(100, 200, 10), (300, 200, 20), (150, 100, 30)])
+            for iso in (False, True)]
+    rows = median_table(runs)
+    assert [r["isolated"] for r in rows] == [False, True]  # one row each, not mixed
+    row = rows[0]
+    assert row["linkescape"]["time_us"] == 150 and row["mpi"]["time_us"] == 20
+    assert row["time_ratio"] == 1.5  # linkescape/gloo per run: 0.5, 1.5, 1.5
+    assert row["time_ratio_mpi"] == 10.0  # linkescape/mpi per run: 10, 15, 5
+    assert row["linkescape"]["cpu_us"] == 101.0 and row["gloo"]["vcsw"] == 2.0
+    text = format_medians(rows, markdown=True, usage=True)
+    head = text.splitlines()[0]
+    assert "time ratio /mpi" in head and "mpi CPU (us/call/rank)" in head and "| timing |" in head
+    assert "| all_reduce | 4 | 4 B | isolated | 150.0 |" in text

@@ -62,6 +62,8 @@ def _r(x: Optional[float]) -> str:
 
 #: the backends linkescape is compared with, in their column order
 OTHERS = ("gloo", "mpi")
+#: a record's per call costs of a rank (runner.make_record, usage.py)
+USAGE = ("cpu_us", "vcsw", "ivcsw")
 
 
 def geomean(xs: List[float]) -> float:
@@ -256,6 +258,10 @@ def median_table(runs: List[List[dict]]) -> List[dict]:
             factor = recs[0]["busbw_factor"]
             row[b] = {"time_us": t, "busbw": (key[3] / t / 1e3 * factor) if t > 0 else 0.0, "runs": len(recs),
                       "wrong": sum(r["wrong"] or 0 for r in recs)}
+            for k in USAGE:  # per call and rank (the mean rank of a run), the median run
+                have = [r[k] for r in recs if r.get(k) is not None]
+                if have:
+                    row[b][k] = statistics.median(have)
         for other, rs in pairs.get(key, {}).items():
             bw = [x[0] for x in rs if x[0]]
             tm = [x[1] for x in rs if x[1]]
@@ -275,12 +281,16 @@ def _size_text(n: int) -> str:
     return f"{n} B"
 
 
-def format_medians(rows: List[dict], markdown: bool = False) -> str:
+def format_medians(rows: List[dict], markdown: bool = False, usage: bool = False) -> str:
+    """The table; ``usage`` adds each backend's CPU microseconds and voluntary and
+    involuntary context switches per call and rank."""
     backends = [b for b in ("linkescape",) + OTHERS if any(b in r for r in rows)]
     others = [b for b in OTHERS if b in backends] if "linkescape" in backends else []
     head = ["op", "ranks", "size"] + (["timing"] if any(r.get("isolated") for r in rows) else [])
     for b in backends:
         head += [f"{b} time (us)", f"{b} busbw (GB/s)"]
+        if usage:
+            head += [f"{b} CPU (us/call/rank)", f"{b} vol. cs", f"{b} invol. cs"]
     for other in others:
         head += ["busbw ratio", "time ratio"] if other == "gloo" else [f"busbw ratio /{other}", f"time ratio /{other}"]
     if others:
@@ -294,6 +304,8 @@ def format_medians(rows: List[dict], markdown: bool = False) -> str:
         for b in backends:
             c = r.get(b)
             cells += ([fmt_time(c["time_us"]).strip(), f"{c['busbw']:.3f}"] if c else ["-", "-"])
+            if usage:
+                cells += [f"{c[k]:.0f}" if k == "cpu_us" else f"{c[k]:.1f}" if c and k in c else "-" for k in USAGE]
         for other in others:
             tail = "" if other == "gloo" else f"_{other}"
             bw, tm = r.get("busbw_ratio" + tail), r.get("time_ratio" + tail)
@@ -317,10 +329,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  description="Median over runs of `linkescape bench --json` records.")
     ap.add_argument("files", nargs="+")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--usage", action="store_true",
+                    help="add CPU time and voluntary/involuntary context switches per call and rank")
     ap.add_argument("--json", dest="json_out", help="write the median rows as JSON here")
     args = ap.parse_args(argv)
     rows = median_table(load(args.files))
-    print(format_medians(rows, args.markdown))
+    print(format_medians(rows, args.markdown, usage=args.usage))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
