@@ -115,6 +115,7 @@ def test_isolated_calls_and_context_switches_of_the_python_backends(tmp_path):
         assert r["isolated"] is True and len(r["times_us"]) == 5 and r["wrong"] == 0
         assert r["cpu_us"] > 0 and len(r["cpu_us_per_rank"]) == 2
         assert r["vcsw"] >= 0 and r["ivcsw"] >= 0 and len(r["ivcsw_per_rank"]) == 2
+        assert 0 < r["caller_cpu_us"] <= r["cpu_us"] * 1.001 + 1 and r["caller_vcsw"] <= r["vcsw"]
     # Gloo's threads block on their sockets: a 1 MiB exchange sleeps and wakes at least once a call
     big = [r for r in records if r["backend"] == "gloo" and r["size"] == 1 << 20][0]
     assert big["vcsw"] >= 1, big

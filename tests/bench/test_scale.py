@@ -69,6 +69,10 @@ def test_two_ranks_side_by_side_report_every_column(tmp_path):
             for mode in ("", "_isolated"):
                 assert rec[f"allreduce_{size}{mode}_cpu_us"] > 0, (backend, size, mode)  # a call costs CPU
                 assert rec[f"allreduce_{size}{mode}_vcsw"] >= 0 and rec[f"allreduce_{size}{mode}_ivcsw"] >= 0
+                # the calling thread is part of the process: its share is no more than the whole
+                caller = rec[f"allreduce_{size}{mode}_caller_cpu_us"]
+                assert 0 < caller <= rec[f"allreduce_{size}{mode}_cpu_us"] * 1.001 + 1, (backend, size, mode, rec)
+                assert rec[f"allreduce_{size}{mode}_caller_vcsw"] <= rec[f"allreduce_{size}{mode}_vcsw"]
     # Gloo's threads block on their sockets: a 1 MiB exchange with another process sleeps and wakes
     # at least once per call (linkescape may spin instead: LINKESCAPE_SPIN_US)
     assert rows[0]["gloo"]["allreduce_1MiB_isolated_vcsw"] >= 1, rows[0]["gloo"]

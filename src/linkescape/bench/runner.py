@@ -157,9 +157,12 @@ def make_record(spec: BenchSpec, op: str, backend: str, case, per_rank: List[dic
     cpus = [r.get("cpu", 0.0) * 1e6 for r in per_rank]
     rec["cpu_us"] = statistics.fmean(cpus)
     rec["cpu_us_per_rank"] = [round(c, 1) for c in cpus]
-    # context switches of the rank process per call (getrusage: see usage.py), the mean rank
-    for key in ("vcsw", "ivcsw"):
-        per = [r.get(key, 0.0) for r in per_rank]
+    # context switches of the rank process per call, and the calling thread's share of all
+    # (getrusage: see usage.py), the mean rank
+    for key in ("vcsw", "ivcsw", "caller_cpu_us", "caller_vcsw", "caller_ivcsw"):
+        if any(key not in r for r in per_rank):
+            continue  # Open MPI's ranks read the process only
+        per = [r[key] for r in per_rank]
         rec[key] = statistics.fmean(per)
         rec[f"{key}_per_rank"] = [round(x, 2) for x in per]
     rec["isolated"] = spec.isolated
@@ -255,15 +258,14 @@ class Rank:
                 t0 = t1
                 wd.beat += 1
             used = usage.per_call(u0, now(), spec.iters)
-        # every thread of this process, per call
-        cpu, vcsw, ivcsw = used["cpu_us"] / 1e6, used["vcsw"], used["ivcsw"]
+        # every thread of this process, per call (and the calling thread's share)
+        cpu = used["cpu_us"] / 1e6
         if op == "send_recv":
             times = [t / 2 for t in times]  # one way of the round trip
         self._phase(f"{backend.name} {op} size {size}: gathering results")
         self.seq += 1
         self.store.set(KEY.format(what="res", seq=self.seq, rank=self.rank), json.dumps({"times": times, "wrong": wrong,
-                                                                                        "cpu": cpu, "vcsw": vcsw,
-                                                                                        "ivcsw": ivcsw}))
+                                                                                        "cpu": cpu, **used}))
         if self.rank != 0:
             return {}
         per_rank = [json.loads(self._get(KEY.format(what="res", seq=self.seq, rank=r))) for r in range(self.n)]

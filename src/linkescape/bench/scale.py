@@ -47,7 +47,8 @@ side in the same processes:
   per call and per rank (the median rank), the CPU microseconds, voluntary and
   involuntary context switches of the rank process (getrusage RUSAGE_SELF,
   every thread: see ``usage.py``), over the timed calls only (not the
-  barriers).
+  barriers); in the JSON also ``..._caller_cpu_us``, ``..._caller_vcsw``,
+  ``..._caller_ivcsw``: the calling thread's share (RUSAGE_THREAD).
 
 Rows go to stdout as a table and, with ``--json``, as JSON Lines.
 """
@@ -380,7 +381,7 @@ def summarize(n: int, ranks: List[dict]) -> dict:
             worst = [max(r["isolated"][size][b][i] for r in ranks) for i in range(calls)]
             rec[key + "_isolated_us"] = statistics.median(worst)
             for mode, field in (("", "usage"), ("_isolated", "isolated_usage")):
-                for k in usage.KEYS:  # per call, the median rank
+                for k in (k for k in usage.KEYS if k in ranks[0][field][size][b]):  # per call, the median rank
                     rec[f"{key}{mode}_{k}"] = statistics.median(r[field][size][b][k] for r in ranks)
         row[b] = rec
     return row
