@@ -318,6 +318,9 @@ def compute(p: SimParams, bands: bool = True) -> Dict[str, Any]:
     out["lost_card_hours"] = net_events * per_int * p.gpus
     out["lost_yuan"] = out["lost_card_hours"] * p.yuan_per_gpu_hour
     out["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
+    # what escape adds to torchft with the same time to leave a host out as torchft's own quorum change
+    same = closed_form(replace(p, ft_leave_s=p.ft_stall_s))["saved"]
+    out["escape_torchft_same_leave"] = same["escape_torchft"]["yuan_saved"] - same["torchft"]["yuan_saved"]
     out["per_year_yuan"] = out["yuan_saved"] * 365.0 / p.days
     best = best_wait(p)
     out["short_wait_s"] = best

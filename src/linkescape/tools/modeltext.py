@@ -47,9 +47,9 @@ def inputs_text(p: SimParams, log: Optional[Dict[str, Any]] = None) -> List[str]
         f"escape       {pol}, a step {p.comm_share:.0%} network-bound; stall {p.escape_stall_ms:g} ms per fault; "
         f"{wait}; {relay}",
         ("repairs      as in the log" if log else mix),
-        f"torchft      {p.ft_groups} replica groups; a group out for {p.ft_recover * 60:g} min + rejoin "
-        f"{p.ft_rejoin_s:g} s (assumed); the job stalls {p.ft_stall_s:g} s per quorum change (assumed), "
-        f"{p.ft_leave_s:g} s to leave a host out with escape (placeholder: issue 47's bound)",
+        f"torchft      {p.ft_groups} replica groups; a group out for {p.ft_recover * 60:g} min (assumed) + rejoin "
+        f"{p.ft_rejoin_s:g} s (measured); the job stalls {p.ft_stall_s:g} s per quorum change (assumed), "
+        f"{p.ft_leave_s:g} s to leave a host out with escape (measured, issue 47's training test)",
     ]
 
 
@@ -103,7 +103,9 @@ def ft_note(res: Dict[str, Any]) -> str:
     return (f"  torchft rows: no restart; by assumption they survive every fault that takes one replica group, of any "
             f"cause, never several groups at once; groups left out per run: torchft {t.get('left_out', 0.0):.1f}, "
             f"escape + shrink/torchft {e.get('left_out', 0.0):.1f} (escape takes the faults of one rail); escape + "
-            f"shrink/torchft against torchft alone: {_y(extra)} yuan per run")
+            f"shrink/torchft against torchft alone: {_y(extra)} yuan per run"
+            + (f" ({_y(res['escape_torchft_same_leave'])} if leaving a host out took torchft's assumed "
+               f"{res['inputs']['ft_stall_s']:g} s too)" if "escape_torchft_same_leave" in res else ""))
 
 
 def cost_text(res: Dict[str, Any], p: SimParams) -> str:
