@@ -252,7 +252,8 @@ class Communicator:
         now = eng.clock.now()
         with self._driver.locked():
             keys = setup.link_keys if self.config.frame_auth else {}
-            eng.start_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)))
+            eng.start_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)),
+                                  pair_key=getattr(setup.link_keys.get((peer, rail)), "pair", b""))
                              for (peer, rail), sock in sorted(socks.items())])
         # Recovery waits on the acceptor (not the bare listeners): incoming
         # connections are authenticated without blocking its thread.

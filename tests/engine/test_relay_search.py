@@ -23,6 +23,11 @@ from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEA
                                        unpack_header)
 from linkescape.protocol.linkstate import Ev
 from linkescape.testing import drain
+from linkescape.protocol.frames import RELAY_TRAILER  # noqa: E402
+from linkescape.protocol.relaymac import NO_KEY, TRAILER  # noqa: E402
+
+#: the end-to-end MAC's trailer of a pair without a key (the rigs' links hold no pair keys)
+_NOKEY = TRAILER.pack(NO_KEY, 0, bytes(16))
 
 
 class Job:
@@ -54,7 +59,7 @@ class Job:
     def heard_through_relay(self, rank: int) -> None:
         """A frame of ``rank``'s comes back through a relay: the path works (``relay_on``)."""
         p = self.peer(rank)
-        self.eng._apply(p, p.on_relayed(memoryview(pack_header(HEARTBEAT, 0, 0))))
+        self.eng._apply(p, p.on_relayed(memoryview(_NOKEY + pack_header(HEARTBEAT, 0, 0))))
         assert p.relay.confirmed
 
     def routes_agree(self) -> bool:
@@ -81,7 +86,8 @@ def _relayed_data(sock) -> list:
     while pos + HEADER_SIZE <= len(data):
         outer = unpack_header(data[pos:pos + HEADER_SIZE])
         if outer.kind == RELAY:
-            inner = unpack_header(data[pos + HEADER_SIZE:pos + 2 * HEADER_SIZE])
+            at = pos + HEADER_SIZE + RELAY_TRAILER  # (after the end-to-end MAC)
+            inner = unpack_header(data[at:at + HEADER_SIZE])
             if inner.kind == DATA:
                 seqs.append(inner.seq)
         pos += HEADER_SIZE + outer.length
@@ -185,7 +191,7 @@ def test_a_relay_that_passed_a_broken_frame_on_is_not_taken_again_at_once(job):
     first = p.relay.via
     job.cut(5 - first)
     job.heard_through_relay(1)
-    inner = pack_header(RELAY, 0, 0)  # a relayed frame that relays another: nonsense
+    inner = _NOKEY + pack_header(RELAY, 0, 0)  # a relayed frame that relays another: nonsense
     job.say(first, pack_header(RELAY, 0, 0, arg=1, length=len(inner), flags=FLAG_PASSED) + inner)
     assert p.relay is None and p.no_path_since is not None
     assert job.routes_agree()
@@ -209,3 +215,49 @@ def test_a_relay_left_for_a_rail_that_is_back_ends_its_route():
         assert job.eng.relays.routes == {} and job.routes_agree()
     finally:
         job.close()
+
+
+def test_a_relay_cannot_forge_a_frame_of_the_pair_it_relays(job):
+    """Issue 48 item 2: a relayed frame carries an end-to-end MAC from its origin under the pair's
+    key (from the pair's own handshake, which the relay never saw). Rank 1 is cut off and relayed
+    through ``first``; ``first``, a rank of the job, then forges a BYE 'from rank 1' (under a key of
+    its own, and without any key): both fail, count against the relay's link it came on, and leave
+    that relay; rank 1's own frames, sealed with the pair's key, are taken."""
+    from linkescape.protocol.frames import BYE
+    from linkescape.protocol.relaymac import PairKeys
+
+    pair = b"p" * 32
+    p = job.peer(1)
+    p.pairs.add(0, 1, pair)  # (what the pair's handshake on rail 0 left both ends)
+    one = PairKeys(1, 0)
+    one.add(0, 1, pair)
+    job.cut(1)
+    first = p.relay.via
+    job.cut(5 - first)
+
+    def passed(trailer_and_frame: bytes) -> bytes:
+        return pack_header(RELAY, 0, 0, arg=1, length=len(trailer_and_frame), flags=FLAG_PASSED) + trailer_and_frame
+
+    hb = pack_header(HEARTBEAT, 0, 0)
+    job.say(first, passed(one.seal(hb) + hb))
+    assert p.relay is not None and p.relay.confirmed  # rank 1's own frame, sealed by rank 1: taken
+    bye = pack_header(BYE, 0, 0)
+    forger = PairKeys(1, 0)
+    forger.add(0, 1, b"f" * 32)  # the relay holds the job's key, never the pair's
+    job.say(first, passed(forger.seal(bye) + bye))
+    assert p.lost is None and not p.closed_by_peer  # never taken for rank 1's BYE
+    assert not job.links[first, 0].open  # counted against the relay's link it came on
+    assert p.relay is None or p.relay.via != first  # and that relay is left
+    assert len(job.peer(first).protocol_errors) == 1 and not p.protocol_errors
+    # without a key at all (as a pair that never shared a link): refused, since we share one
+    import pytest
+
+    from linkescape.errors import ProtocolError
+    with pytest.raises(ProtocolError, match="without a key"):
+        p.pairs.open(memoryview(_NOKEY + bye))
+    with pytest.raises(ProtocolError, match="end-to-end MAC"):
+        p.pairs.open(memoryview(forger.seal(bye) + bye))
+    assert bytes(p.pairs.open(memoryview(one.seal(bye) + bye))) == bye
+    # a frame rank 0 sealed for rank 1, reflected back to rank 0 as rank 1's: fails (one key per direction)
+    with pytest.raises(ProtocolError):
+        p.pairs.open(memoryview(p.pairs.seal(bye) + bye))

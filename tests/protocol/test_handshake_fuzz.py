@@ -108,7 +108,7 @@ class Mutator:
 def _header_seeds():
     out = []
     for kind in Kind:
-        length = 4096 if kind == Kind.DATA else 64 if kind == Kind.RELAY else 0
+        length = 4096 if kind == Kind.DATA else 88 if kind == Kind.RELAY else 0
         out.append(pack_header(kind, 1 if kind == Kind.DATA else 0, 7, msg=(1 << 63) | 3, offset=0,
                                length=length, sig=0xBEEF, arg=length or 1, flags=1))
     return out
@@ -145,8 +145,9 @@ def test_fuzz_frame_header_decoder(capsys):
             continue
         ok += 1
         assert h.kind in frames._KINDS
-        if h.kind == Kind.RELAY:  # a whole frame of another pair: its header and a payload within the bound
-            assert frames.HEADER_SIZE <= h.length <= BOUND + frames.HEADER_SIZE
+        if h.kind == Kind.RELAY:  # a whole frame of another pair (its end-to-end MAC, header, payload within the bound)
+            least = frames.RELAY_TRAILER + frames.HEADER_SIZE
+            assert least <= h.length <= BOUND + least
         else:
             assert h.length <= BOUND
             assert h.kind == Kind.DATA or h.length == 0

@@ -419,6 +419,7 @@ class Engine:
                         out = src.on_relayed(o.frame)
                     except ProtocolError as exc:  # the relay's doing: its link, not src's
                         self._apply(peer, peer.bad_relayed(o.link, exc))
+                        self._apply(src, src.relay_broke(peer.rank))
                         continue
                     lost = any(type(x) is RelayEnded for x in out)
                     self._apply(src, out)

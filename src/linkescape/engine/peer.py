@@ -27,6 +27,7 @@ from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIF
 from ..protocol.grey import GreyDetector, Hold
 from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
 from ..protocol.railstate import PeerRails
+from ..protocol.relaymac import PairKeys, Unknown
 from ..transport.tcp import ack_now, ack_silence
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
@@ -174,6 +175,10 @@ class PeerChannel(PeerTimers):
         self.protocol_errors: List[float] = []
         #: frames claiming to be this peer's that another rank passed on while our path to it was healthy
         self.relayed_refused = 0
+        #: the keys of our relayed frames, from our links' handshakes (protocol/relaymac.py)
+        self.pairs = PairKeys(env.rank, rank)
+        #: relayed frames under a key id we do not hold yet (dropped: sent again)
+        self.relayed_unknown = 0
         #: bytes moved by this peer's links that are closed now, per rail
         self.closed_sent: List[int] = [0] * nrails
         self.closed_received: List[int] = [0] * nrails
@@ -303,6 +308,8 @@ class PeerChannel(PeerTimers):
         first = status.never_up  # its first connection (a backup opened after start-up): no event
         status.apply(Ev.CONNECTED, now)
         self.links[rail] = link
+        if link.pair_key:
+            self.pairs.add(rail, link.epoch, link.pair_key)
         self.env.io.add_link(link)
         self.report(LinkUp(rail))
         link.grey = GreyDetector(self.env.rail_rates[rail])
@@ -621,10 +628,22 @@ class PeerChannel(PeerTimers):
         self._protocol_error(link, exc)
         return self._done()
 
+    def relay_broke(self, via: int):
+        """A frame of this peer's that ``via`` passed on broke the protocol (counted against
+        ``via``'s link): our route to this peer through ``via`` is left."""
+        if self.relay is not None and self.relay.via == via:
+            self._relay_lost(via, "protocol_error")
+        return self._done()
+
     def on_relayed(self, frame: memoryview):
         """A frame of this peer that a third rank passed on to us. A ``ProtocolError`` is the
         relay's (``bad_relayed``): raised to the caller, never counted against this peer."""
         try:
+            try:
+                frame = self.pairs.open(frame)  # its end-to-end MAC: the relay cannot forge it
+            except Unknown:
+                self.relayed_unknown += 1  # a key of a link we have not adopted yet: sent again later
+                return self._done()
             hdr = unpack_header(frame, self.env.config.max_frame_bytes)
             if len(frame) != HEADER_SIZE + hdr.length:
                 raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=self.rank)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import zlib
 from typing import Dict, List, Optional, Tuple
 
-from ..protocol.frames import FLAG_PASSED, HEADER_SIZE, RELAY, RELAY_RESET, RELAY_UNREACH, pack_header
+from ..protocol.frames import FLAG_PASSED, HEADER_SIZE, RELAY, RELAY_RESET, RELAY_TRAILER, RELAY_UNREACH, pack_header
 from ..protocol.linkstate import State
 from .link import Link, WireItem
 
@@ -72,10 +72,13 @@ class RelayPath:
     """Our route to ``dst`` through the peer ``via``: its links carry our
     frames for ``dst`` wrapped in RELAY frames."""
 
-    def __init__(self, via: "PeerChannel", dst: int, rail_word, window: int, now: float) -> None:
+    def __init__(self, via: "PeerChannel", dst: int, rail_word, window: int, now: float, pair=None) -> None:
         self.via_peer = via
         self.via = via.rank
         self.dst = dst
+        #: the pair's keys (protocol/relaymac.PairKeys): every frame we pass through ``via`` carries
+        #: an end-to-end MAC that ``via`` cannot make
+        self.pair = pair
         self.rail_word = rail_word
         self.window = window
         #: bytes of ours passed to ``via`` for ``dst`` (frames and headers)
@@ -98,12 +101,18 @@ class RelayPath:
         return [l for l in (links[r] for r in via.active) if l is not None]
 
     def prefix(self, payload: int) -> bytes:
-        """The RELAY header of a frame with ``payload`` bytes."""
-        self.bytes += 2 * HEADER_SIZE + payload
-        return pack_header(RELAY, 0, 0, arg=self.dst, length=HEADER_SIZE + payload, rails=self.rail_word.word)
+        """The RELAY header of a frame with ``payload`` bytes (its trailer and header follow)."""
+        self.bytes += 2 * HEADER_SIZE + RELAY_TRAILER + payload
+        return pack_header(RELAY, 0, 0, arg=self.dst, length=RELAY_TRAILER + HEADER_SIZE + payload,
+                           rails=self.rail_word.word)
 
-    def wrap(self, header: bytes, payload: int) -> bytes:
-        return self.prefix(payload) + header
+    def seal(self, header: bytes, payload=b"") -> bytes:
+        """The RELAY header and the end-to-end trailer of the pair's frame (``header``, ``payload``)."""
+        return self.prefix(len(payload)) + self.pair.seal(header, payload)
+
+    def wrap(self, header: bytes, frame) -> bytes:
+        """What goes before a DATA frame's payload: RELAY header, trailer, the frame's header."""
+        return self.seal(header, frame.payload) + header
 
 
 class _Relayed:
@@ -158,7 +167,7 @@ class RelayRouter:
             peer = self.peers.get(through)
             if peer is not None and self._can_relay(peer, dst):
                 self.routes[dst] = through
-                return RelayPath(peer, dst, self.rail_word, self.window, now)
+                return RelayPath(peer, dst, self.rail_word, self.window, now, self._pair(dst))
         best = None
         for rank, peer in self.peers.items():
             if not self._can_relay(peer, dst):
@@ -173,7 +182,15 @@ class RelayRouter:
             return None
         via = best[1]
         self.routes[dst] = via.rank
-        return RelayPath(via, dst, self.rail_word, self.window, now)
+        return RelayPath(via, dst, self.rail_word, self.window, now, self._pair(dst))
+
+    def _pair(self, dst: int):
+        peer = self.peers.get(dst)
+        if peer is not None and getattr(peer, "pairs", None) is not None:
+            return peer.pairs
+        from ..protocol.relaymac import PairKeys
+
+        return PairKeys(self.rank, dst)  # (no key: its frames say so)
 
     @staticmethod
     def _can_relay(peer: "PeerChannel", dst: int) -> bool:

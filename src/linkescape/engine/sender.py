@@ -77,7 +77,7 @@ class Sender:
                 self.replayed_bytes += n
                 header = pack_header(DATA, frame.seq, ack, frame.msg, frame.offset, n, frame.sig, arg=frame.arg,
                                      flags=frame.flags, rails=rails)
-                links[i % nlinks].queue(WireItem(header if wrap is None else wrap(header, n), frame))
+                links[i % nlinks].queue(WireItem(header if wrap is None else wrap(header, frame), frame))
             inbound.ack_sent_upto(ack)
         queue = self.queue
         config = env.config
@@ -104,7 +104,7 @@ class Sender:
             frame.flags = flags
             ack = inbound.cumulative_ack
             header = pack_header(DATA, frame.seq, ack, m.msg, off, n, m.sig, arg=m.nbytes, flags=flags, rails=rails)
-            link.queue(WireItem(header if wrap is None else wrap(header, n), frame))
+            link.queue(WireItem(header if wrap is None else wrap(header, frame), frame))
             inbound.ack_sent_upto(ack)
             m.carved += n
             if m.carved == m.nbytes:
@@ -133,11 +133,14 @@ class Sender:
         else:
             env.io.want(link, POLLIN if emptied else POLLIN | POLLOUT)
 
-    def control(self, link: Link, kind: int, arg: int = 0, prefix: bytes = b"") -> None:
-        """Queue a control frame (it carries our cumulative ack) and write."""
+    def control(self, link: Link, kind: int, arg: int = 0, relay=None) -> None:
+        """Queue a control frame (it carries our cumulative ack) and write;
+        through ``relay`` (a RelayPath) with its RELAY header and end-to-end trailer."""
         inbound = self.peer.inbound
         ack = inbound.cumulative_ack
-        link.queue_control(kind, ack, arg=arg, rails=self.peer.env.rail_word.word, prefix=prefix)
+        rails = self.peer.env.rail_word.word
+        prefix = b"" if relay is None else relay.seal(pack_header(kind, 0, ack, arg=arg, rails=rails))
+        link.queue_control(kind, ack, arg=arg, rails=rails, prefix=prefix)
         inbound.ack_sent_upto(ack)
         self.flush(link)
 
@@ -148,7 +151,7 @@ class Sender:
         if not links:
             return False
         relay = self.peer.relay
-        self.control(links[0], kind, arg=arg, prefix=b"" if relay is None else relay.prefix(0))
+        self.control(links[0], kind, arg=arg, relay=relay)
         return True
 
     def send_ack(self) -> None:

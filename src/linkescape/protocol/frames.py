@@ -40,6 +40,8 @@ FLAG_ACK_NOW = 1
 #: RELAY frame flag: the relay passed this frame on (``arg`` is its source);
 #: without it the frame is to be passed on (``arg`` is its destination)
 FLAG_PASSED = 2
+#: bytes before the pair's frame inside a RELAY frame: its end-to-end MAC (protocol/relaymac.py)
+RELAY_TRAILER = 24
 
 
 class Kind(enum.IntEnum):
@@ -135,10 +137,11 @@ def unpack_header(buf, max_payload: int = DEFAULT_MAX_PAYLOAD, pos: int = 0) -> 
             if length > max_payload:
                 raise ProtocolError(f"DATA frame of {length} bytes exceeds the bound of {max_payload} "
                                     f"(LINKESCAPE_MAX_FRAME_BYTES)")
-        elif kind == RELAY:
-            if length > max_payload + HEADER_SIZE or length < HEADER_SIZE:
-                raise ProtocolError(f"RELAY frame of {length} bytes: a frame is {HEADER_SIZE} to "
-                                    f"{max_payload + HEADER_SIZE} bytes (LINKESCAPE_MAX_FRAME_BYTES)")
+        elif kind == RELAY:  # (its end-to-end MAC, then a whole frame)
+            least, most = RELAY_TRAILER + HEADER_SIZE, RELAY_TRAILER + HEADER_SIZE + max_payload
+            if length > most or length < least:
+                raise ProtocolError(f"RELAY frame of {length} bytes: a relayed frame is {least} to "
+                                    f"{most} bytes (LINKESCAPE_MAX_FRAME_BYTES)")
         elif kind in _KINDS:
             raise ProtocolError(f"control frame {Kind(kind).name} carries {length} payload bytes")
     if kind not in _KINDS:
