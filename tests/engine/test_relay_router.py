@@ -142,3 +142,15 @@ def test_one_source_cannot_make_a_relay_hold_a_window_per_destination():
     assert router.held_total == 0 and not router.held and not router.held_by_src
     assert sorted(router.take_unblocked())[:3] == [1, 2, 3]
     assert router.admit(1, 2, frame)
+
+
+def test_a_rank_that_advertises_no_load_does_not_attract_relays_past_what_we_measured():
+    """Issue 48: the relay was chosen by the load candidates advertise alone, so a rank that
+    advertised zero attracted every relay. What we saw a rank pass on to us counts too."""
+    router, clock = _router([_peer(1), _peer(2, load=0), _peer(3, load=2), _peer(4, up=False)])
+    for src in (5, 6, 7, 8):  # rank 2 passed frames of four pairs on to us lately, whatever it says
+        router.saw(2, src)
+    assert router.measured(2) == 4
+    assert router.choose(1).via == 3
+    clock.advance_ms(10_001)  # what we saw ages out
+    assert router.measured(2) == 0 and router.seen == {2: {}}

@@ -417,6 +417,7 @@ class Engine:
                         continue
                     try:
                         out = src.on_relayed(o.frame)
+                        self.relays.saw(peer.rank, o.src)
                     except ProtocolError as exc:  # the relay's doing: its link, not src's
                         self._apply(peer, peer.bad_relayed(o.link, exc))
                         self._apply(src, src.relay_broke(peer.rank))

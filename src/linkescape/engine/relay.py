@@ -10,7 +10,9 @@ and B drops what it has.
 
 Choosing C (``RelayRouter.choose``): among the peers with a live link to us
 that did not refuse B lately, the one with the fewest relayed pairs (what it
-advertises in its heartbeats, plus the pairs we route through it), ties
+advertises in its heartbeats, but never fewer than the pairs whose frames we
+saw it pass on to us lately: a rank that advertises zero does not attract
+relays past what we measured, issue 48; plus the pairs we route through it), ties
 broken by a hash of the pair, so several broken pairs spread over several
 ranks and the two ends of a pair tend to pick the same one.
 
@@ -155,6 +157,8 @@ class RelayRouter:
         self.refusals: Dict[Tuple[int, int], float] = {}
         #: pairs whose relays were torn down, with the bytes they carried (for the metric)
         self.sent_total: Dict[Tuple[int, int], int] = {}
+        #: via -> {src: when via last passed a frame of src on to us}: what we measured of its relaying
+        self.seen: Dict[int, Dict[int, float]] = {}
 
     # ------------------------------------------------------------ as an end of a pair
     def choose(self, dst: int, through: Optional[int] = None) -> Optional[RelayPath]:
@@ -174,7 +178,7 @@ class RelayRouter:
                 continue
             if now - self.refusals.get((dst, rank), -REFUSAL_MEMORY) < REFUSAL_MEMORY:
                 continue
-            load = peer.relay_load + sum(1 for v in self.routes.values() if v == rank)
+            load = max(peer.relay_load, self.measured(rank)) + sum(1 for v in self.routes.values() if v == rank)
             key = (load, zlib.crc32(f"{min(self.rank, dst)}:{max(self.rank, dst)}:{rank}".encode()))
             if best is None or key < best[0]:
                 best = (key, peer)
@@ -191,6 +195,20 @@ class RelayRouter:
         from ..protocol.relaymac import PairKeys
 
         return PairKeys(self.rank, dst)  # (no key: its frames say so)
+
+    def saw(self, via: int, src: int) -> None:
+        """``via`` passed a (verified) frame of ``src`` on to us."""
+        self.seen.setdefault(via, {})[src] = self.clock.now()
+
+    def measured(self, via: int) -> int:
+        """The pairs whose frames ``via`` passed on to us in the last 10 s."""
+        seen = self.seen.get(via)
+        if not seen:
+            return 0
+        now = self.clock.now()
+        for src in [s for s, t in seen.items() if now - t >= 10.0]:
+            del seen[src]
+        return len(seen)
 
     @staticmethod
     def _can_relay(peer: "PeerChannel", dst: int) -> bool:
