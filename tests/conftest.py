@@ -52,6 +52,10 @@ SOAK = (
     "tests/bench/failover/test_failover_bench.py::test_a_flap_series_with_the_jobs_rate_and_carrier_detection",
     "tests/bench/failover/test_failover_rates.py::test_a_cut_keeps_a_4_host_job_at_0_9x_healthy",
     "tests/bench/failover/test_failover_rates.py::test_the_relayed_phase_on_a_4_host_testbed",
+    # torchft's own suite twice (its Gloo group, then ours: about 4 minutes) and the 4-replica training
+    # through faults (two runs of about 2 minutes); short: tests/torchft/test_process_group.py
+    "tests/torchft/test_torchft_suite.py",
+    "tests/torchft/test_torchft_training.py",
 )
 
 
