@@ -64,6 +64,8 @@ SOAK = (
 #: one of them.
 LONG_FIRST = (
     "tests/engine/test_resources_integ.py::test_fresh_4mib_buffers",
+    "tests/torchft/test_torchft_suite.py",
+    "tests/torchft/test_torchft_training.py",
     "tests/demo/",
     "tests/torch/test_torch_upstream_suite.py",
     "tests/test_wheel.py",
