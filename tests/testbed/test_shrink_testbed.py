@@ -77,14 +77,15 @@ def test_a_host_cut_off_from_every_rail_fails_calls_within_the_group_timeout_and
     world = tb.hosts
     for o in outs[:-1]:
         # a typed error naming the host, within torch's timeout (it caps the 1800 s no-path deadline)
-        named = o["first_peer"] == world - 1 or world - 1 in o["first_peers"]
-        assert o["first"] in ("LinkFailure", "CommTimeout") and named, o
+        assert o["first"] == "LinkFailure" and o["first_peer"] == world - 1, o
         assert o["first_at"] - cut_at <= timeout_s + 1.5, (o["first_at"] - cut_at, o)
         # then past the deadline: every collective fails at once, naming it
         assert o["again"] in ("LinkFailure",) and o["again_peer"] == world - 1 and o["again_s"] < 1.0, o
+    # calls among the others go on
+    assert outs[0]["p2p"] == "sent" and outs[1]["p2p"] == "ok", outs
     _survivors_went_on(outs, world)
     cut = outs[-1]
-    assert cut["first"] in ("LinkFailure", "CommTimeout") and cut["first_at"] - cut_at <= timeout_s + 1.5, cut
+    assert cut["first"] == "LinkFailure" and cut["first_at"] - cut_at <= timeout_s + 1.5, cut
     assert cut["second"] not in ("result", None) and cut["second_at"] - cut["first_at"] <= timeout_s + 1.5, cut
 
 

@@ -16,7 +16,7 @@ step fresh buffers would grow.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from ..errors import CommTimeout
 from .messages import ANY_SOURCE, InMessage, Op, discard
@@ -32,6 +32,9 @@ class OpTable:
         self.ops: List[Op] = []
         #: seconds a finished op waits for acks before copying what is unacknowledged
         self.settle = 0.002
+        #: (the engine's) the error of an operation past its timeout, when a rank without a path is
+        #: the reason (None: CommTimeout)
+        self.on_timeout: Optional[Callable[[Op], Optional[BaseException]]] = None
 
     def __bool__(self) -> bool:
         return bool(self.ops)
@@ -129,6 +132,10 @@ class OpTable:
                 self.fail(op, exc)
 
     def timeout(self, op: Op) -> None:
+        exc = self.on_timeout(op) if self.on_timeout is not None else None
+        if exc is not None:
+            self.fail(op, exc)
+            return
         waiting = sorted({m.peer for m in op.recvs if not m.done} |
                          {m.peer for m in op.sends if m.carved < m.nbytes})
         self.fail(op, CommTimeout(f"{op.name} (op {op.seq}) timed out waiting for ranks {waiting}",

@@ -137,6 +137,7 @@ class Engine:
             if p != rank and (peers_now is None or p in peers_now):
                 self.peers[p] = PeerChannel(p, self.env)
         self.ops = OpTable(self.peers, self.matcher, clock)
+        self.ops.on_timeout = self._timed_out
         #: liveness and root causes through the store (None: no store)
         self.beacon = None
         if store is not None and record_key is not None and world_size > 1:
@@ -524,6 +525,26 @@ class Engine:
             # named after the rank without a path, not after its timeout
             for op in [op for op in self.ops.ops if op.collective]:
                 self.ops.fail(op, verdict.error)
+
+    def _timed_out(self, op: Op) -> Optional[BaseException]:
+        """``op`` is past its timeout. A member it needs that has had no path for half the
+        no-path deadline or more (which the group's timeout caps) is past the deadline now, as far
+        as any call goes: it expires (LinkFailure, named), so that this rank's next collective is
+        refused at once rather than sent to ranks still waiting in this one (they would take it
+        for a mismatch)."""
+        now = self.clock.now()
+        half = self.liveness.no_path_deadline / 2
+        error = None
+        for peer in list(self.hot):
+            since = peer.no_path_since
+            if since is None or peer.relay is not None or peer.lost is not None or now - since < half:
+                continue
+            if not op.collective and peer.rank not in op.peers:
+                continue
+            verdict = self.liveness.expired(peer, now)
+            self._verdict(peer, verdict)
+            error = error or verdict.error
+        return error
 
     def _lost(self, peer: PeerChannel, error: PeerLost, cause: str) -> None:
         """``peer`` is gone. Tell the other ranks first (over surviving links,

@@ -149,13 +149,18 @@ class Liveness:
                     if verdict is not None:
                         return verdict
         if waited > self.no_path_deadline:
-            since = self.clock.wall() - waited
-            return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
-                                       f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
-                                       rails=list(range(self.nrails)), since=since))
+            return self.expired(peer, now)
         if peer.eof_since is not None and self.rank < peer.rank:
             return PROBE
         return None
+
+    def expired(self, peer: "PeerChannel", now: float) -> Expired:
+        """The verdict on a peer past the no-path deadline (or past the group's timeout: see
+        ``Engine._timed_out``)."""
+        since = self.clock.wall() - (now - peer.no_path_since)
+        return Expired(LinkFailure(f"no path to rank {peer.rank} on any rail {list(range(self.nrails))} since "
+                                   f"{time.strftime('%H:%M:%S', time.localtime(since))}", peer=peer.rank,
+                                   rails=list(range(self.nrails)), since=since))
 
     def _knock(self, peer: "PeerChannel", now: float, stopped: bool) -> Optional[Verdict]:
         """The record is stopping (``stopped``: it stopped): knock on the peer's listeners before
