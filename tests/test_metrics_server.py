@@ -206,6 +206,8 @@ def test_port_taken_is_logged_not_raised(tmp_path, caplog):
         finally:
             logger.removeHandler(caplog.handler)
     assert "cannot serve metrics" in caplog.text
+    # loud: whoever holds the port is not this rank, and answers in its name (issue 48)
+    assert "is NOT rank 0" in caplog.text and any(r.levelno >= logging.ERROR for r in caplog.records)
 
 
 def test_port_offset_is_local_rank_when_set():

@@ -13,7 +13,8 @@ Communicators of one process share the server (torch ``new_group``): a
 communicator joins the process's server unless one of its own job's ranks is
 already registered there (several ranks emulated in one process, as tests
 do), which then gets a server on its own port. The server stops when its last
-communicator closes; a port already taken is logged, never raised.
+communicator closes; a port already taken is logged as an error (whoever holds
+it is not this rank), never raised.
 
 No client can hang anything:
 
@@ -398,7 +399,11 @@ def attach(comm, recorder=None) -> Optional[Registration]:
             try:
                 server = MetricsServer(port, cfg.metrics_addr)
             except OSError as exc:
-                log.warning("cannot serve metrics on %s:%d: %s", cfg.metrics_addr, port, exc)
+                # (not fatal: monitoring never stops training) but loud: another process may hold the
+                # port, and whatever answers there is not this rank (issue 48)
+                log.error("cannot serve metrics on %s:%d: %s; another process holds the port, and whatever "
+                          "answers there is NOT rank %d: scrapers and `linkescape status` must not trust it "
+                          "(choose another LINKESCAPE_METRICS_PORT)", cfg.metrics_addr, port, exc, comm.rank)
                 return None
             _servers.append(server)
         return Registration(server, cm, comm)
