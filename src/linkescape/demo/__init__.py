@@ -143,8 +143,13 @@ def _print_summary(rep: Dict[str, Any], console, quiet: bool) -> None:
               help="The faults of the faulty run, played in this order (cross last): cut, blackhole, flap, cross.")
 @click.option("--cross-hold", type=click.FloatRange(min=1.0), default=CROSS_HOLD, show_default=True,
               metavar="SECONDS", help="How long the cross lasts (two hosts without a rail in common, relayed).")
+@click.option("--torchft", "torchft", is_flag=True,
+              help="Instead: torchft training (4 replica groups) through a cut, a blackhole, a flap and a lost "
+                   "host, linkescape's group beside torchft's Gloo group (needs root and "
+                   "pip install 'linkescape[torchft]'; about 5 minutes; --out and --quiet apply).")
 def demo(out: str, steps: int, hosts: int, rails: int, rate: str, model_size: str, seed: int, emulate: bool,
-         no_reference: bool, quiet: bool, live: Optional[bool], fault_kinds: str, cross_hold: float) -> None:
+         no_reference: bool, quiet: bool, live: Optional[bool], fault_kinds: str, cross_hold: float,
+         torchft: bool) -> None:
     """Train through cable cuts, blackholed optics, flapping links and a cross.
 
     Builds a testbed (HOSTS network namespaces x RAILS rails at RATE; needs
@@ -159,6 +164,9 @@ def demo(out: str, steps: int, hosts: int, rails: int, rate: str, model_size: st
     """
     from rich.console import Console
 
+    if torchft:
+        _torchft_demo(out, quiet, Console())
+        return
     kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip())
     bad = [k for k in kinds if k not in FAULT_KINDS]
     if bad or not kinds or len(set(kinds)) != len(kinds):
@@ -182,6 +190,23 @@ def demo(out: str, steps: int, hosts: int, rails: int, rate: str, model_size: st
     _print_summary(rep, console, quiet)
     ok = rep["steps_lost"] == 0 and rep.get("training_ok") and rep.get("bit_identical") is not False
     sys.exit(0 if ok else 1)
+
+
+def _torchft_demo(out: str, quiet: bool, console) -> None:
+    """``linkescape demo --torchft`` (:mod:`linkescape.torchft.demo`)."""
+    extras.require(["torch", "torchft", "matplotlib"], "torchft", "linkescape demo --torchft")
+    from ..testbed.netns import sigterm_as_interrupt
+    from ..torchft.demo import main_cli
+
+    try:
+        with sigterm_as_interrupt():
+            status = main_cli(out if out != "./linkescape-demo" else "./linkescape-demo-torchft", quiet, console)
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: the testbed and the training processes were torn down")
+        sys.exit(130)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(status)
 
 
 __all__ = ["demo", "run_demo", "DemoOptions", "DemoError"]

@@ -87,7 +87,7 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
         return BACKEND_NAME
 
     def _wrap_work(self, work: Work, opts: object) -> Work:
-        return _Work(work)
+        return _Work(work, seconds(self._timeout))
 
     @contextmanager
     def _run_context(self):
@@ -184,15 +184,18 @@ def _reraise(exc: BaseException):
 
 
 class _Work(Work):
-    """A linkescape work whose error torchft recognises (see :func:`_torchft_error`)."""
+    """A linkescape work whose error torchft recognises (see :func:`_torchft_error`); ``wait()``
+    without a timeout waits the group's timeout at most, as a Gloo work does (torchft's Manager waits
+    so on its allreduce: a replica cut off from every peer then fails its step in time to rejoin)."""
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, timeout_s: Optional[float]) -> None:
         super().__init__()
         self._work = work
+        self._timeout_s = timeout_s
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         try:
-            return self._work.wait() if timeout is None else self._work.wait(timeout)
+            return self._work.wait(self._timeout_s if timeout is None else timeout)
         except Exception as exc:  # noqa: BLE001 - re-raised, in torchft's words
             _reraise(exc)
 

@@ -1,0 +1,78 @@
+"""How long ``configure`` takes for a new quorum: linkescape's torchft group against torchft's Gloo group.
+
+``python -m linkescape.torchft.configure_time --ranks 2,4,8 --quorums 10`` starts the ranks as processes
+(forked after ``import torch``) on loopback, configures every group for ``--quorums`` quorums in turn,
+each followed by an all_reduce (the group works), and prints per backend and world size the median and
+the worst, over the quorums, of the slowest rank's ``configure``. Both backends run in the same
+processes, one after the other, on the same store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+from datetime import timedelta
+from typing import Dict, List
+
+
+def _rank(rank: int, world: int, port: int, quorums: int, out) -> None:
+    import torch
+    from torch.distributed import TCPStore
+    from torchft.process_group import ProcessGroupGloo
+
+    from . import ProcessGroupLinkescape
+
+    TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)  # the store is up
+    times: Dict[str, List[float]] = {}
+    for name, cls in (("gloo", ProcessGroupGloo), ("linkescape", ProcessGroupLinkescape)):
+        pg = cls(timeout=timedelta(seconds=30))
+        times[name] = []
+        for q in range(quorums):
+            t0 = time.perf_counter()
+            pg.configure(f"127.0.0.1:{port}/{name}/{q}", str(rank), rank, world, q)
+            times[name].append(time.perf_counter() - t0)
+            t = torch.ones(1)
+            pg.allreduce([t], torch.distributed.ReduceOp.SUM).wait()
+            assert t.item() == world
+        pg.shutdown()
+    out.put((rank, times))
+
+
+def measure(world: int, quorums: int) -> Dict[str, Dict[str, float]]:
+    import torch  # noqa: F401 - imported once, before the fork
+    import torchft.process_group  # noqa: F401
+    from torch.distributed import TCPStore
+
+    from . import ProcessGroupLinkescape  # noqa: F401
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, store.port, quorums, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = dict(q.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(30)
+    out = {}
+    for name in ("gloo", "linkescape"):
+        slowest = [max(res[r][name][k] for r in range(world)) for k in range(quorums)]
+        out[name] = {"median_ms": round(statistics.median(slowest) * 1e3, 1), "max_ms": round(max(slowest) * 1e3, 1)}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="linkescape.torchft.configure_time", description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", default="2,4,8")
+    p.add_argument("--quorums", type=int, default=10)
+    args = p.parse_args(argv)
+    for world in [int(x) for x in args.ranks.split(",")]:
+        print(json.dumps({"ranks": world, "quorums": args.quorums, **measure(world, args.quorums)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
