@@ -155,5 +155,9 @@ def test_the_key_is_absent_from_every_report(tmp_path, monkeypatch):
     assert SECRET not in text
     assert rep["library_settings"]["env"]["LINKESCAPE_AUTH_KEY"] == "<redacted>"
     assert rep["library_settings"]["env"]["LINKESCAPE_SILENT_TIMEOUT_MS"] == "300"
+    from linkescape.chaos.controller import report_options
+
+    chaos = report_options(ChaosOptions(env={"LINKESCAPE_AUTH_KEY": SECRET, "LINKESCAPE_FRAME_AUTH": "1"}))
+    assert SECRET not in json.dumps(chaos, default=str) and chaos["env"]["LINKESCAPE_FRAME_AUTH"] == "1"
     env = redact_env({"LINKESCAPE_AUTH_KEY": SECRET, "LINKESCAPE_AUTH_KEY_FILE": "/run/k", "X_TOKEN": "t"})
     assert env == {"LINKESCAPE_AUTH_KEY": "<redacted>", "LINKESCAPE_AUTH_KEY_FILE": "/run/k", "X_TOKEN": "<redacted>"}

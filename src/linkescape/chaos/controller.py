@@ -156,6 +156,14 @@ def run_dir(opts: ChaosOptions) -> str:
     return private_dir(None, prefix=f"linkescape-chaos-s{opts.seed}-{time.strftime('%Y%m%d-%H%M%S')}-")
 
 
+def report_options(opts: ChaosOptions) -> Dict[str, Any]:
+    """The options as the report shows them: never a secret (``--env`` values redacted)."""
+    out = {k: v for k, v in asdict(opts).items() if k not in ("schedule",)}
+    if isinstance(out.get("env"), dict):
+        out["env"] = redact_env(out["env"])
+    return out
+
+
 def library_version() -> Dict[str, Any]:
     """The package version, and the git commit (and uncommitted files) of its source tree, if any."""
     import subprocess
@@ -230,9 +238,7 @@ def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
     with open_private_file(os.path.join(rdir, "run.json"), "w") as fh:
         json.dump(data, fh, default=str)
     report = build_report(data, schedule)
-    report["options"] = {k: v for k, v in asdict(opts).items() if k not in ("schedule",)}
-    if isinstance(report["options"].get("env"), dict):  # never a secret in a report
-        report["options"]["env"] = redact_env(report["options"]["env"])
+    report["options"] = report_options(opts)
     report["command"] = opts.command or " ".join(shlex.quote(a) for a in sys.argv)
     pngs = [os.path.join(rdir, "rss.png")]
     if opts.json_path:
