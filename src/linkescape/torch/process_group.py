@@ -123,6 +123,9 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         self._group_name = group_name or ""
         self._group_desc = ""
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        #: this group's global ranks, by group rank. (``_global_ranks`` names the ranks of errors, which
+        #: count as the first group of the communicator did: after a shrink, that group's list)
+        self._group_globals = list(self._global_ranks)
         self._timeout_s = convert.seconds(timeout)
         self.config = config if config is not None else make_config(self._timeout_s)
         self._pid = os.getpid()
@@ -225,13 +228,14 @@ class ProcessGroupLinkEscape(dist.ProcessGroup):
         except LinkEscapeError as exc:
             raise wrap_error(exc, "shrink", self._le_rank, self._group_name, self._global_ranks) from exc
         out = set(excluded)
-        ranks = [g for i, g in enumerate(self._global_ranks) if i not in out]
+        ranks = [g for i, g in enumerate(self._group_globals) if i not in out]
         with self._state_lock:
             works = list(self._inflight.values())
         for w in works:  # (the library failed their operations: the works say so now)
             w._fail(self._comm._closed_error)
         new = ProcessGroupLinkEscape(None, comm.rank, comm.world_size, self._timeout_s, group_name=self._group_name,
                                      global_ranks=ranks, config=comm.config, communicator=comm)
+        new._global_ranks = list(self._global_ranks)  # (errors name ranks as the first group did)
         # this group's communicator is closed by the shrink (GroupShrunk); closing it closes nothing more
         return new
 
