@@ -2,9 +2,9 @@
 
 from .communicator import Communicator, Work
 from .config import Config
-from .errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, HandshakeError, InvalidBuffer,
-                     InvalidRank, LinkEscapeError, LinkFailure, PeerLost, ProtocolError, RendezvousError,
-                     UnsupportedDtype, UsageError)
+from .errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, GroupShrunk, HandshakeError,
+                     InvalidBuffer, InvalidRank, LinkEscapeError, LinkFailure, PeerLost, ProtocolError, RankExcluded,
+                     RendezvousError, UnsupportedDtype, UsageError)
 from .ops import ReduceOp
 from .store import FileStore
 
@@ -14,5 +14,5 @@ __all__ = [
     "Communicator", "Work", "Config", "ReduceOp", "FileStore",
     "LinkEscapeError", "UsageError", "InvalidRank", "InvalidBuffer", "UnsupportedDtype", "ConfigError",
     "CollectiveMismatch", "HandshakeError", "AuthError", "ProtocolError", "CommTimeout", "RendezvousError",
-    "LinkFailure", "PeerLost", "CommClosed",
+    "LinkFailure", "PeerLost", "CommClosed", "GroupShrunk", "RankExcluded",
 ]
