@@ -2,7 +2,7 @@
 
 ``python -m linkescape.torchft.configure_time --ranks 2,4,8 --quorums 10`` starts the ranks as processes
 (forked after ``import torch``) on loopback, configures every group for ``--quorums`` quorums in turn,
-each followed by an all_reduce (the group works), and prints per backend and world size the median and
+each followed by an all_reduce (the group works) and a barrier in the store (torchft's should_commit), and prints per backend and world size the median and
 the worst, over the quorums, of the slowest rank's ``configure``. Both backends run in the same
 processes, one after the other, on the same store.
 """
@@ -25,7 +25,7 @@ def _rank(rank: int, world: int, port: int, quorums: int, out) -> None:
 
     from . import ProcessGroupLinkescape
 
-    TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)  # the store is up
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     times: Dict[str, List[float]] = {}
     for name, cls in (("gloo", ProcessGroupGloo), ("linkescape", ProcessGroupLinkescape)):
         pg = cls(timeout=timedelta(seconds=30))
@@ -37,6 +37,12 @@ def _rank(rank: int, world: int, port: int, quorums: int, out) -> None:
             t = torch.ones(1)
             pg.allreduce([t], torch.distributed.ReduceOp.SUM).wait()
             assert t.item() == world
+            # every rank is done with the quorum before any configures the next, as torchft's
+            # should_commit makes sure (configure aborts the previous group)
+            key = f"done/{name}/{q}"
+            store.add(key, 1)
+            while int(store.add(key, 0)) < world:
+                time.sleep(0.001)
         pg.shutdown()
     out.put((rank, times))
 
@@ -69,8 +75,16 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", default="2,4,8")
     p.add_argument("--quorums", type=int, default=10)
     args = p.parse_args(argv)
-    for world in [int(x) for x in args.ranks.split(",")]:
-        print(json.dumps({"ranks": world, "quorums": args.quorums, **measure(world, args.quorums)}), flush=True)
+    worlds = [int(x) for x in args.ranks.split(",")]
+    if len(worlds) > 1:  # each world size from a fresh process: forking one that ran groups can deadlock
+        import subprocess
+        import sys
+
+        for world in worlds:
+            subprocess.run([sys.executable, "-m", "linkescape.torchft.configure_time", "--ranks", str(world),
+                            "--quorums", str(args.quorums)], check=False)
+        return 0
+    print(json.dumps({"ranks": worlds[0], "quorums": args.quorums, **measure(worlds[0], args.quorums)}), flush=True)
     return 0
 
 
