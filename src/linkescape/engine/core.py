@@ -33,6 +33,7 @@ from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESE
 from ..protocol.grey import RailRate, Window
 from ..protocol.linkstate import Ev, PathPolicy, State
 from ..protocol.railstate import RailWord
+from ..protocol.relaymac import NO_KEY
 from ..transport.tcp import ack_silence, tcp_sample
 from .clock import SYSTEM, Clock
 from .beacon import Beacon
@@ -47,6 +48,9 @@ from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostRepor
 from .peer import INF, STRANDED_BACKOFF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
+
+#: the first byte of a relayed frame without an end-to-end MAC (protocol/relaymac.py)
+NO_KEY_BYTE = bytes([NO_KEY])
 
 log = logging.getLogger("linkescape.engine")
 
@@ -413,7 +417,9 @@ class Engine:
             elif t is Relayed:
                 src = self.peers.find(o.src)  # (a peer not built yet is built now)
                 if src is not None:
-                    if not src.relay_agreed():  # our own path to it is healthy (issue 48)
+                    if o.frame[:1] == NO_KEY_BYTE and not src.pairs.keys and not src.relay_agreed():
+                        # no end-to-end MAC (a pair that never shared a link) while our own path to
+                        # it looks healthy: not taken for src's (issue 48)
                         self._apply(src, src.refuse_relayed())
                         continue
                     try:

@@ -609,15 +609,18 @@ class PeerChannel(PeerTimers):
                 self.report(Redial())
 
     def relay_agreed(self) -> bool:
-        """Whether we take a frame of this peer that a third rank passed on: only while we route to
-        it through a relay, or have no path to it of our own (issue 48: not while our own links to
-        it are healthy, whatever a rank of the job claims)."""
+        """Whether we take a frame of this peer without an end-to-end MAC (a pair that never
+        shared a link) that a third rank passed on: only while we route to it through a relay, or
+        have no path to it of our own (issue 48: not while our own links to it are healthy,
+        whatever a rank of the job claims). A frame whose MAC verified was sent by this peer
+        through that rank: its own choice of relay, taken whatever our links look like (a cross
+        leaves each end a rail it still believes up)."""
         return self.relay is not None or self.no_path_since is not None or not self.live_links()
 
     def refuse_relayed(self):
-        """A frame claiming to be this peer's came through another rank while our own path to it
-        looks healthy: dropped. A heartbeat on that path gives it something to acknowledge, so a
-        path that is broken in fact shows (its silence) and the peer's relay is taken from then on."""
+        """A frame without an end-to-end MAC claiming to be this peer's came through another rank
+        while our own path to it looks healthy: dropped. A heartbeat on that path gives it something
+        to acknowledge, so a path that is broken in fact shows (its silence)."""
         self.relayed_refused += 1
         self._beat()
         return self._done()
