@@ -70,8 +70,9 @@ def analyse(result: Dict[str, Any], observer: int = 0) -> Dict[str, Any]:
             row["fault_error"] = f["error"]
         if f["what"] == "host":
             left = _first(mine, f["at"], lambda r: r.get("committed") and (r.get("participants") or hosts) < hosts)
-            back = _first(mine, f["repaired"] or f["at"],
-                          lambda r: r.get("committed") and r.get("participants") == hosts) if f.get("repaired") else None
+            back = None
+            if f.get("repaired"):
+                back = _first(mine, f["repaired"], lambda r: r.get("committed") and r.get("participants") == hosts)
             row["how"] = f.get("extra", {}).get("how")
             row["left_out_s"] = round(left - f["at"], 2) if left is not None else None
             row["rejoined_s"] = round(back - f["repaired"], 2) if back is not None else None

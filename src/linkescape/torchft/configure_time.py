@@ -2,8 +2,9 @@
 
 ``python -m linkescape.torchft.configure_time --ranks 2,4,8 --quorums 10`` starts the ranks as processes
 (forked after ``import torch``) on loopback, configures every group for ``--quorums`` quorums in turn,
-each followed by an all_reduce (the group works) and a barrier in the store (torchft's should_commit), and prints per backend and world size the median and
-the worst, over the quorums, of the slowest rank's ``configure``. Both backends run in the same
+each followed by an all_reduce (the group works) and a barrier in the store (torchft's should_commit),
+and prints per backend and world size the median and the worst, over the quorums, of the slowest rank's
+``configure``. Both backends run in the same
 processes, one after the other, on the same store.
 """
 

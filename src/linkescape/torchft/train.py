@@ -2,8 +2,8 @@
 with ``manager.allreduce``.
 
 Run once per testbed host by :mod:`linkescape.torchft.run` (``python -m linkescape.torchft.train``).
-The replica trains until torchft's step reaches ``--steps`` (or the step written into ``--stop-file``), paced to at most one step per ``--pace``
-seconds, and writes under ``--out``:
+The replica trains until torchft's step reaches ``--steps`` (or the step written into ``--stop-file``),
+paced to at most one step per ``--pace`` seconds, and writes under ``--out``:
 
 * ``steps-r{replica}.jsonl``: one line per step: ``t`` (wall time at its end), ``step`` (torchft's
   step after it), ``committed`` (whether torchft committed it), ``quorum_id``, ``participants``,
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     manager = Manager(pg=pg, min_replica_size=args.min_replicas, load_state_dict=load_state_dict,
                       state_dict=state_dict, replica_id=f"replica{r}", store_addr=args.addr, store_port=store.port,
                       rank=0, world_size=1, lighthouse_addr=args.lighthouse, hostname=args.addr, port=0,
-                      timeout=timeout, quorum_timeout=timedelta(seconds=args.quorum_timeout), connect_timeout=timeout, quorum_retries=1000)
+                      timeout=timeout, quorum_timeout=timedelta(seconds=args.quorum_timeout), connect_timeout=timeout,
+                      quorum_retries=1000)
     gen = torch.Generator().manual_seed(args.seed + 1000 * r)
     teacher = torch.Generator().manual_seed(args.seed)
     w_true = torch.randn(64, 10, generator=teacher)
