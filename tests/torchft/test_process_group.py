@@ -74,7 +74,7 @@ def test_abort_ends_every_call_in_flight_within_100ms(store):
     try:
         _configure(pgs, store, "abort")
         # rank 0 calls, rank 1 never does: the calls wait for it
-        works = [pgs[0].allreduce([torch.ones(4)], SUM), pgs[0].barrier()]
+        works = [pgs[0].allreduce([torch.ones(4)], SUM), pgs[0].barrier(), pgs[0].recv([torch.ones(2)], 1, 0)]
         time.sleep(0.2)
         assert not any(w.is_completed() for w in works)
         t0 = time.monotonic()
@@ -82,7 +82,7 @@ def test_abort_ends_every_call_in_flight_within_100ms(store):
         for w in works:
             with pytest.raises(LinkEscapeBackendError) as info:
                 w.wait()
-            assert isinstance(info.value.cause, CommClosed)
+            assert isinstance(info.value.cause, CommClosed), info.value
         took = time.monotonic() - t0
         assert took < 0.1, f"abort took {took * 1e3:.0f} ms to end the calls in flight"
         # the peer learns it at once too, and a new quorum works again
