@@ -152,7 +152,7 @@ VALUES: Dict[str, Tuple[str, Callable[[dict], str]]] = {
     "ft-saved": ("linkescape cost", lambda d: _y(d["saved"]["torchft"]["yuan_saved"])),
     "ft-escape-adds": ("linkescape cost", lambda d: _y(d["saved"]["escape_torchft"]["yuan_saved"]
                                                        - d["saved"]["torchft"]["yuan_saved"])),
-    "ft-same-leave": ("linkescape cost", lambda d: _y(d["escape_torchft_same_leave"])),
+    "ft-one-rail": ("linkescape cost", lambda d: f"{d['one_rail_faults']:.1f}"),
     "restart-cost": ("linkescape cost --break-even", lambda d: _y(d["restart_cost_s"])),
     "best-wait": ("linkescape cost --break-even", lambda d: f"{d['best_wait_s']:g}"),
     "near-lo": ("linkescape cost --break-even", lambda d: f"{d['optimum']['within_1pct_lo']:g}"),

@@ -38,14 +38,22 @@ def cost_json(*args):
 
 # ------------------------------------------------------------------ the torchft rows, played by hand
 def test_torchft_leaves_one_group_out_per_fault_and_never_restarts():
-    # one fault of another cause at 10 h: the job stalls 36 s, then one of 4 groups is out for 1 h + 360 s
+    # one fault of another cause at 10 h: the job stalls ft_leave_s (72 s), then one of 4 groups is out
+    # for 1 h + 360 s
     m = modes(HAND)["torchft"]
     r = play(HAND, [Fault(10.0, 0, "other", None, 0.0)], m)
     T = HAND.hours
-    lost = 0.01 + (1.0 + 0.1) / 4  # the stall (the whole job), then a quarter of the job
+    lost = 0.02 + (1.0 + 0.1) / 4  # the stall (the whole job), then a quarter of the job
     assert r.interruptions == 0 and r.left_out == 1 and r.lost_work_hours == 0
     assert r.work_hours == pytest.approx(T - lost, abs=1e-9)
-    assert r.leave_hours == pytest.approx(0.01)
+    assert r.leave_hours == pytest.approx(0.02)
+    # a fault of one rail (Gloo runs on it): the job stalls torchft's timeout, ft_stall_s (36 s), instead
+    rail = play(HAND, [Fault(10.0, 0, "cable", 1, 4.0)], m)
+    assert rail.left_out == 1 and rail.leave_hours == pytest.approx(0.01)
+    assert rail.work_hours == pytest.approx(T - 0.01 - 1.1 / 4, abs=1e-9)
+    # a fault of every rail (a host cut off) leaves the host out in ft_leave_s, as another cause
+    whole = play(HAND, [Fault(10.0, 0, "switch", None, 4.0)], m)
+    assert whole.leave_hours == pytest.approx(0.02)
 
 
 def test_escape_torchft_escapes_a_rail_and_leaves_a_host_with_none():
@@ -56,9 +64,12 @@ def test_escape_torchft_escapes_a_rail_and_leaves_a_host_with_none():
     both = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(11.0, 0, "cable", 1, 4.0)], m)
     assert both.escaped == 1 and both.left_out == 1 and both.interruptions == 0
     assert both.work_hours == pytest.approx(HAND.hours - 0.02 - 1.1 / 4, abs=1e-9)
-    # torchft alone: every one of them is a quorum change and a group out
+    # torchft alone: every one of them stalls the job torchft's timeout (36 s) and leaves a group out
     ft = play(HAND, [Fault(10.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
-    assert ft.left_out == 1 and ft.work_hours < one_rail.work_hours
+    assert ft.left_out == 1 and ft.work_hours == pytest.approx(HAND.hours - 0.01 - 1.1 / 4, abs=1e-9)
+    # both rails gone: the same as escape + shrink/torchft's (the same leave time), less the escaped stall
+    ft_both = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(11.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
+    assert ft_both.left_out == 2 and ft_both.work_hours < both.work_hours
 
 
 def test_escape_torchft_leaves_a_relayed_host_out_when_that_costs_less():
@@ -83,24 +94,42 @@ def test_the_torchft_rows_closed_form_by_hand_and_against_the_simulation():
     p = replace(HAND, gpus=4096, trials=60)
     cf = closed_form(p)
     lam = sum(p.events_per_hour(c) for c in ("nic", "cable", "optic", "switch", "other"))
-    per = (1.0 + 0.1) / 4 + 0.01
-    assert cf["torchft"]["ettr"] == pytest.approx(max(0.0, 1 - lam * per))
+    rail = sum(p.events_per_hour(c) for c in ("nic", "cable", "optic"))  # tor: a switch takes every rail
+    lost = lam * (1.0 + 0.1) / 4 + rail * 0.01 + (lam - rail) * 0.02
+    assert cf["torchft"]["ettr"] == pytest.approx(max(0.0, 1 - lost))
     assert cf["torchft"]["left_out"] == pytest.approx(lam * p.hours)
-    # escape takes the faults of one rail: fewer groups left out, more progress (at the same leave time)
+    # escape takes the faults of one rail: fewer groups left out, more progress
     assert cf["escape_torchft"]["left_out"] < cf["torchft"]["left_out"]
-    same = closed_form(replace(p, ft_leave_s=p.ft_stall_s))
-    assert same["escape_torchft"]["ettr"] > same["torchft"]["ettr"]
+    assert cf["escape_torchft"]["ettr"] > cf["torchft"]["ettr"]
     sim = simulate(p)
     for m in ("torchft", "escape_torchft"):
         lo, hi = sim["saved"][m]["yuan_saved_ci"]
         assert lo <= cf["saved"][m]["yuan_saved"] <= hi, (m, lo, cf["saved"][m]["yuan_saved"], hi)
 
 
+def test_what_escape_adds_to_torchft_comes_only_from_the_faults_of_one_rail():
+    # both torchft rows leave a host out in ft_leave_s: the difference does not move with it
+    def adds(**kw):
+        d = closed_form(replace(SimParams(), **kw))["saved"]
+        return d["escape_torchft"]["yuan_saved"] - d["torchft"]["yuan_saved"]
+
+    base = adds()
+    assert base > 0
+    assert adds(ft_leave_s=0.0) == pytest.approx(base, rel=1e-6)
+    assert adds(ft_leave_s=600.0) == pytest.approx(base, rel=1e-6)
+    # it grows with torchft alone's stall for a fault of one rail, and with the faults of one rail
+    assert adds(ft_stall_s=60.0) > base
+    assert adds(nic_share=0.0, network_share=0.0) == pytest.approx(0.0, abs=1.0)
+    d = cost_json()
+    assert d["escape_torchft_adds"] == pytest.approx(base) and d["one_rail_faults"] == pytest.approx(24.7, abs=0.1)
+
+
 def test_cost_and_simulate_print_the_rows_and_what_torchft_survives_by_assumption():
     out = CliRunner().invoke(main, ["cost"]).output
     assert "escape + shrink/torchft" in out and "torchft FT-HSDP" in out
     assert "by assumption they survive every fault that takes one replica group" in out
-    assert "measured, issue 47's training test" in out  # the leave time, from tests/torchft
+    assert "measured, 4 hosts: issue 47's training test" in out  # the leave time, from tests/torchft
+    assert "all from the faults of one rail" in out
     d = cost_json()
     assert set(d["saved"]) >= {"escape", "nccl", "torchft", "escape_torchft"}
     assert d["saved"]["escape_torchft"]["yuan_saved"] > d["saved"]["torchft"]["yuan_saved"]
@@ -112,6 +141,11 @@ def test_the_leave_and_rejoin_are_flags():
     slow = cost_json("--ft-leave-seconds", "600")["saved"]["escape_torchft"]["yuan_saved"]
     fast = cost_json("--ft-leave-seconds", "1")["saved"]["escape_torchft"]["yuan_saved"]
     assert fast > slow
+    # torchft alone leaves a host out in the same time (measured with Gloo as with linkescape)
+    assert cost_json("--ft-leave-seconds", "600")["saved"]["torchft"]["yuan_saved"] < cost_json()["saved"][
+        "torchft"]["yuan_saved"]
+    assert cost_json("--ft-stall-seconds", "60")["saved"]["torchft"]["yuan_saved"] < cost_json()["saved"][
+        "torchft"]["yuan_saved"]
     assert cost_json("--ft-rejoin-seconds", "3600")["saved"]["torchft"]["yuan_saved"] < cost_json()["saved"][
         "torchft"]["yuan_saved"]
 

@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any, Dict, List
 
-from .baselines import MODES, Mode, expected_degraded_hours, interrupt_rate, modes
+from .baselines import MODES, Mode, expected_degraded_hours, interrupt_rate, modes, one_rail_rate
 from .model import (CAUSES, COVERAGE, LLAMA3_DAYS, LLAMA3_ETTR, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS,
                     LLAMA3_NETWORK_SHARE, LLAMA3_NIC_SHARE, SimParams)
 from .stats import rate_interval
@@ -196,13 +196,16 @@ def _escape_rates(p: SimParams, m: Mode) -> Dict[str, float]:
 
 def ft_ettr(p: SimParams, m: Mode) -> Dict[str, Any]:
     """A torchft mode in expectation: no restart; each fault it does not escape stalls the job for
-    ``leave_h`` and keeps one of the replica groups out for ``out_h`` after that; the checkpoint writes
-    are kept as for restart (an upper bound: torchft needs them only for what takes every group)."""
+    ``leave_h`` (``rail_leave_h`` for a fault of one rail) and keeps one of the replica groups out for
+    ``out_h`` after that; the checkpoint writes are kept as for restart (an upper bound: torchft needs
+    them only for what takes every group)."""
     T, eff, G = p.hours, p.checkpoint_efficiency(), p.ft_groups
     per = m.out_h / G + m.leave_h
     if not m.escapes:
         lam = sum(p.events_per_hour(c) for c in (*CAUSES, "other"))
         up_loss = escaped = degraded = relayed = 0.0
+        # a fault of one rail stalls the job torchft's timeout (rail_leave_h) instead of the leave time
+        per += one_rail_rate(p) * (m.rail_leave_h - m.leave_h) / lam if lam > 0 else 0.0
     else:
         a = _escape_rates(p, m)
         # a host slowed (or relayed) for longer than a group out would cost is left out at once
@@ -318,9 +321,11 @@ def compute(p: SimParams, bands: bool = True) -> Dict[str, Any]:
     out["lost_card_hours"] = net_events * per_int * p.gpus
     out["lost_yuan"] = out["lost_card_hours"] * p.yuan_per_gpu_hour
     out["yuan_saved"] = cf["saved"]["escape"]["yuan_saved"]
-    # what escape adds to torchft with the same time to leave a host out as torchft's own quorum change
-    same = closed_form(replace(p, ft_leave_s=p.ft_stall_s))["saved"]
-    out["escape_torchft_same_leave"] = same["escape_torchft"]["yuan_saved"] - same["torchft"]["yuan_saved"]
+    # what escape adds to torchft: both rows leave a host out in ft_leave_s, so it comes from the faults
+    # of one rail, which escape survives and which stall torchft alone for its timeout
+    sv = cf["saved"]
+    out["escape_torchft_adds"] = sv["escape_torchft"]["yuan_saved"] - sv["torchft"]["yuan_saved"]
+    out["one_rail_faults"] = one_rail_rate(p) * p.hours
     out["per_year_yuan"] = out["yuan_saved"] * 365.0 / p.days
     best = best_wait(p)
     out["short_wait_s"] = best

@@ -242,7 +242,8 @@ class _Run:
 
 class _FTRun(_Run):
     """A torchft mode: what it does not escape leaves the host's replica group out instead of
-    restarting the job. The job stalls ``leave_h`` (the quorum change), the others go on at
+    restarting the job. The job stalls ``leave_h`` (the quorum change; ``rail_leave_h``, torchft's
+    timeout, for a fault of one rail the mode does not escape), the others go on at
     (groups - out) / groups of the progress, and the group is back ``out_h`` later. Nothing is lost
     beyond that; a fault during a stall only adds its own."""
 
@@ -262,17 +263,18 @@ class _FTRun(_Run):
             self.res.work_hours += self.speed * self.eff * dt * share
         self.cur = max(self.cur, to)
 
-    def leave(self, t: float, f: Fault) -> None:
+    def leave(self, t: float, f: Fault, stall_h: Optional[float] = None) -> None:
+        stall_h = self.m.leave_h if stall_h is None else stall_h
         self.res.left_out += 1
         for h in f.hosts():  # the host's group is left out; it comes back replaced or repaired
             self.lost.pop(h, None)
         for h in [h for h, d in self.lost.items() if len(d) > self.m.max_lost]:
             del self.lost[h]
-        end = max(self.down_until, t + self.m.leave_h)
+        end = max(self.down_until, t + stall_h)
         self.res.leave_hours += end - max(self.down_until, t)
         self.down_until = end
         self.out += 1
-        self.push(t + self.m.leave_h + self.m.out_h, "back", None)
+        self.push(t + stall_h + self.m.out_h, "back", None)
         self.refresh()
 
     def on_back(self, t: float, _payload: Any) -> None:
@@ -282,7 +284,7 @@ class _FTRun(_Run):
     def on_fault(self, t: float, f: Fault) -> None:
         self.advance(t)
         if not (f.network and self.m.covers(f.host)):
-            self.leave(t, f)
+            self.leave(t, f, self.m.rail_leave_h if f.network and f.rail is not None else None)
             return
         self.take(t, f)
         if self.path_state() in ("isolated", "cross"):
