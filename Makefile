@@ -52,7 +52,7 @@ endef
 test: apt $(STAMP) bytecode
 	$(call run_tests,not soak)
 
-soak: apt $(STAMP) bytecode
+soak: apt $(STAMP) bytecode mpi
 	$(call run_tests,soak)
 
 demo: apt $(STAMP) bytecode

@@ -24,6 +24,8 @@ SERIAL = (
     "tests/engine/test_lossy_rail_integ.py",
     "tests/engine/test_idle_cost_integ.py",
     "tests/integration/test_scale_integ.py",
+    "tests/testbed/test_shrink_testbed.py",  # the no-path failure within timeout + 1.5 s, PeerLost within 5 s
+    "tests/torchft/test_torchft_training.py",  # a host left out of the quorum within 10 s
 )
 
 
@@ -56,6 +58,20 @@ SOAK = (
     # through faults (two runs of about 2 minutes); short: tests/torchft/test_process_group.py
     "tests/torchft/test_torchft_suite.py",
     "tests/torchft/test_torchft_training.py",
+    # Open MPI beside linkescape and Gloo through mpirun (make soak installs it: make mpi); short: the
+    # Python backends' isolated calls in tests/bench/test_scale.py
+    "tests/bench/test_mpi.py",
+    # builds the wheel and installs it into a fresh venv with pip (about 75 s); short: the torchrun jobs
+    # of tests/torch/test_torch_exit.py run the installed entry point
+    "tests/test_wheel.py",
+    # torchrun's --max-restarts resuming from a checkpoint (27 s); short: tests/torch/test_torch_launch.py
+    "tests/torch/test_torch_elastic.py",
+    # two of the four torchrun exits (the destroy and the pending-work ones stay in make test)
+    "tests/torch/test_torch_exit.py::test_torchrun_without_import[no-destroy]",
+    "tests/torch/test_torch_exit.py::test_torchrun_without_import[two-rails]",
+    # the memory series (43 s and 22 s); short: ::test_the_tool_finds_a_leak_put_there_on_purpose
+    "tests/bench/test_memory.py::test_quick_cases_are_flat_against_their_controls",
+    "tests/bench/test_memory.py::test_a_torch_case_runs_its_reference_on_gloo",
 )
 
 
@@ -79,6 +95,8 @@ LONG_FIRST = (
     "tests/testbed/test_relay_testbed.py",
     "tests/engine/test_isolated_peer_integ.py",
     "tests/torch/test_torch_collectives.py",
+    "tests/integration/test_failover_integ.py",
+    "tests/torch/test_torch_shrink.py",
 )
 
 
