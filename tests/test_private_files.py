@@ -161,3 +161,45 @@ def test_the_key_is_absent_from_every_report(tmp_path, monkeypatch):
     assert SECRET not in json.dumps(chaos, default=str) and chaos["env"]["LINKESCAPE_FRAME_AUTH"] == "1"
     env = redact_env({"LINKESCAPE_AUTH_KEY": SECRET, "LINKESCAPE_AUTH_KEY_FILE": "/run/k", "X_TOKEN": "t"})
     assert env == {"LINKESCAPE_AUTH_KEY": "<redacted>", "LINKESCAPE_AUTH_KEY_FILE": "/run/k", "X_TOKEN": "<redacted>"}
+
+
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_open_private_refuses_a_planted_fifo_at_once(tmp_path, mode):
+    """Issue 48 review: before, open_private(path, "a") on a FIFO planted at ``path`` blocked
+    forever (an open for writing waits for a reader)."""
+    import threading
+
+    fifo = str(tmp_path / "events.jsonl")
+    os.mkfifo(fifo, 0o600)
+    got = []
+
+    def opener():
+        try:
+            os.close(open_private(fifo, mode))
+            got.append("opened")
+        except ConfigError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=opener, daemon=True)
+    t.start()
+    t.join(5.0)
+    if t.is_alive():  # blocked: give it a reader so that the thread ends, then fail
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        t.join(5.0)
+        os.close(fd)
+        pytest.fail(f"open_private({mode!r}) blocked on a FIFO")
+    assert len(got) == 1 and isinstance(got[0], ConfigError), got
+    # with a reader on the FIFO the open succeeds at once: fstat refuses it
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(ConfigError, match="not a regular file"):
+            open_private(fifo, mode)
+    finally:
+        os.close(fd)
+    # a regular file is written with a blocking descriptor as before
+    plain = tmp_path / "plain"
+    fd = open_private(str(plain), mode)
+    try:
+        assert os.get_blocking(fd)
+    finally:
+        os.close(fd)

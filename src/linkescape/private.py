@@ -27,6 +27,7 @@ from .errors import ConfigError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _owner_ok(uid: int) -> bool:
@@ -76,7 +77,8 @@ def open_private(path: str, mode: str = "x") -> int:
     if mode not in ("x", "a", "w"):
         raise ValueError(f"mode {mode!r}: x, a or w")
     extra = {"x": os.O_EXCL, "a": os.O_APPEND, "w": os.O_TRUNC}[mode]
-    flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC | extra
+    # O_NONBLOCK: a planted FIFO must not block the open (no reader: ENXIO; a reader: fstat refuses it)
+    flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NONBLOCK | extra
     if mode == "w":  # check before truncating: never truncate what is not ours
         flags &= ~os.O_TRUNC
     try:
@@ -84,11 +86,15 @@ def open_private(path: str, mode: str = "x") -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise ConfigError(f"{path} is a symlink: refused (never written through)") from None
+        if exc.errno == errno.ENXIO:  # a FIFO (or a socket) without a reader
+            raise ConfigError(f"{path} is not a regular file of ours (or has other hard links): refused") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not _owner_ok(st.st_uid) or st.st_nlink != 1:
             raise ConfigError(f"{path} is not a regular file of ours (or has other hard links): refused")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
         if st.st_mode & 0o077:
             os.fchmod(fd, 0o600)
         if mode == "w":
