@@ -117,3 +117,32 @@ def test_an_authentic_failure_record_of_another_rank_is_passed_on():
     store.set(FAILED_KEY, KEY.failure(3, 1, "PeerLost", "gone", 12.5))
     b._read_failed()
     assert [r["peer"] for r in records] == [3] and b.tampered is None
+
+
+def test_a_skewed_or_late_writer_is_trusted_again_once_its_record_moves_forward():
+    """Issue 48 review: the replay check compares wall clocks across hosts. A peer whose clock is
+    5 s behind ours (or whose beacon thread ran late) wrote a record that looks older than the
+    last frame we heard from it; before, that peer's record was no evidence of its death for good
+    (store-based death detection silently stopped for it). Its next record moves forward: it is
+    trusted again, and its death is still seen."""
+    store, clock = DictStore(), FakeClock()
+    b = _beacon(store, clock)
+    heard = clock.wall()
+    key = ALIVE_KEY.format(rank=2)
+    b.watch(2, heard=heard)
+    store.set(key, KEY.alive(2, 7, clock.wall() - 5.0))
+    _round(b, 2)
+    assert "replayed" in b.untrusted[2]  # one read: no evidence, as a replay is
+    assert b.record_age(2, clock.now()) is None
+    clock.advance(0.5)
+    store.set(key, KEY.alive(2, 8, clock.wall() - 5.0))  # its next beat, on its skewed clock
+    _round(b, 2)
+    assert 2 not in b.untrusted
+    assert _judge(b, store, clock, 2, [9, 9, 10, 10], heard=heard, written=clock.wall() - 5.0) is True
+    assert _judge(b, store, clock, 2, [11] + [None] * 7, heard=heard, written=clock.wall() - 5.0) is False  # it died
+    # a replay that never moves forward stays no evidence (test above); one rolled back stays for good
+    store.set(key, KEY.alive(2, 3, clock.wall()))
+    _round(b, 2)
+    store.set(key, KEY.alive(2, 12, clock.wall()))
+    _round(b, 2)
+    assert "rolled back" in b.untrusted[2]

@@ -25,12 +25,16 @@ and what it costs (issue 48: a garbage record costs only that record):
   only; in a peer's liveness key it also makes that peer's record no
   evidence of its death from then on (its key is being written by someone
   else, who may as well replay its old records), never another peer's;
-- a liveness record rolled back below a counter this rank has read, or
-  written before this rank last heard from that peer over the rails (minus a
-  beat and ``CLOCK_SKEW``): a replay of an old record (a dead peer's last
-  record is at most a beat older than the last frame it sent). That peer's
-  record is no evidence of its death from then on: a replayed old record
-  never makes a live, cut-off rank look dead.
+- a liveness record rolled back below a counter this rank has read: a
+  replay; that peer's record is no evidence of its death from then on;
+- a liveness record written before this rank last heard from that peer over
+  the rails (minus a beat and ``CLOCK_SKEW``): a replay of an old record (a
+  dead peer's last record is at most a beat older than the last frame it
+  sent), or a skewed clock or a late beacon thread. That peer's record is no
+  evidence of its death until a record with a higher counter comes (it moves
+  forward: its writer lives, and is trusted again): a replayed old record
+  never makes a live, cut-off rank look dead, and a skewed or late writer does
+  not turn off store-based death detection for good.
 A record that keeps advancing still shows a live peer (genuine records go
 through whatever else the store holds); a peer whose record is no evidence
 of death waits for the rails (``LINKESCAPE_NO_PATH_TIMEOUT``). What remains
@@ -149,6 +153,13 @@ class Beacon:
         #: peer -> why its record is no evidence of its death any more (its key held a record
         #: the job did not write, or a replayed one): one entry per such peer
         self.untrusted: Dict[int, str] = {}
+        #: peer -> the highest counter of its records that looked replayed by wall time (older
+        #: than the last frame heard from it) while watched: a record above it moves forward, so
+        #: it is taken (clocks of hosts skew, a beacon thread runs late), the peer is trusted
+        #: again and its wall time no longer checked until unwatched (-1)
+        self._suspect: Dict[int, int] = {}
+        #: peers whose key held a record the job did not write, or rolled back (for good)
+        self._forged: set = set()
         #: peer -> our wall time when we last heard from it over the rails (given by ``watch``)
         self._heard: Dict[int, float] = {}
         self._known: set = set()
@@ -180,6 +191,7 @@ class Beacon:
             self._watch.discard(peer)
             self._seen.pop(peer, None)
             self._heard.pop(peer, None)
+            self._suspect.pop(peer, None)
 
     def stale_after(self, stale_after: float) -> float:
         """How long a record must stay unchanged while we keep reading it to be called stopped
@@ -297,16 +309,28 @@ class Beacon:
             old = self._seen.get(peer)
             highest = self._highest.get(peer, 0)
             heard = self._heard.get(peer)
+            suspect = self._suspect.get(peer)
             if record is None:
                 why = "forged"
+                self._forged.add(peer)
             elif record[0] < highest:
                 why = f"rolled back from {highest} to {record[0]}"
-            elif heard is not None and record[1] < heard - self.interval - CLOCK_SKEW:
+                self._forged.add(peer)
+            elif heard is not None and record[1] < heard - self.interval - CLOCK_SKEW and (
+                    suspect is None or 0 <= record[0] <= suspect):
                 why = (f"replayed: written {heard - record[1]:.1f}s before the last frame heard from rank {peer} "
                        f"over the rails")
+                self._suspect[peer] = record[0]
             else:
                 counter = record[0]
                 self._highest[peer] = counter
+                if suspect is not None and suspect >= 0:  # moved forward: a late writer or a skewed clock
+                    self._suspect[peer] = -1
+                if peer in self.untrusted and peer not in self._forged:
+                    del self.untrusted[peer]
+                    log.info("rank %d: rank %d's record moves forward again: evidence of its death again",
+                             self.rank, peer)
+                    old = None
                 if old is None or old[0] != counter:
                     self._seen[peer] = (counter, now, now)
                 else:
