@@ -38,8 +38,10 @@ SOAK = (
     # 2 x 7 s crosses past a 4 s deadline; short: tests/chaos/test_chaos_regressions.py (relay replays),
     # tests/testbed/test_relay_testbed.py
     "tests/chaos/test_chaos_soak.py::test_crosses_longer_than_the_no_path_deadline",
-    # 20k + 6k all_reduces of 4 MiB; short: ::test_resources_return_to_warm_levels_and_close_leaves_nothing
+    # 20k + 6k all_reduces of 4 MiB, and a minute of every operation with its resources sampled (both
+    # long series); in make test only tests/bench/test_memory.py's leak finder and tests/engine/'s close tests
     "tests/engine/test_resources_integ.py::test_fresh_4mib_buffers",
+    "tests/engine/test_resources_integ.py::test_resources_return_to_warm_levels_and_close_leaves_nothing",
     "tests/integration/test_scale_integ.py",  # the 64-rank job; short: the 4-host testbed tests
     # an idle 16-rank job (5 s) and a 4-rank one (8 s) counted; short: tests/engine/test_timer_rounds.py,
     # tests/engine/test_idle_after_outage_integ.py
