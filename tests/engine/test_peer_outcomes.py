@@ -645,7 +645,7 @@ def test_a_stale_notice_takes_the_link_it_speaks_of_down_and_asks_for_a_re_dial(
 # ---------------------------------------------------------------- a full stash and the frame it waits for
 def _nokey(frame: bytes) -> memoryview:
     """A frame as a relay passes it on: after its end-to-end MAC's trailer (here, of a pair without a key)."""
-    return memoryview(TRAILER.pack(NO_KEY, 0, bytes(16)) + bytes(frame))
+    return memoryview(TRAILER.pack(NO_KEY, 0, 0, bytes(16)) + bytes(frame))
 
 
 def _relayed_data(seq: int, offset: int, payload: bytes, nbytes: int, msg: int = 1) -> memoryview:

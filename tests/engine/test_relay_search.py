@@ -27,7 +27,7 @@ from linkescape.protocol.frames import RELAY_TRAILER  # noqa: E402
 from linkescape.protocol.relaymac import NO_KEY, TRAILER  # noqa: E402
 
 #: the end-to-end MAC's trailer of a pair without a key (the rigs' links hold no pair keys)
-_NOKEY = TRAILER.pack(NO_KEY, 0, bytes(16))
+_NOKEY = TRAILER.pack(NO_KEY, 0, 0, bytes(16))
 
 
 class Job:
@@ -248,12 +248,15 @@ def test_a_relay_cannot_forge_a_frame_of_the_pair_it_relays(job):
     assert p.lost is None and not p.closed_by_peer  # never taken for rank 1's BYE
     assert not job.links[first, 0].open  # counted against the relay's link it came on
     assert p.relay is None or p.relay.via != first  # and that relay is left
-    assert len(job.peer(first).protocol_errors) == 1 and not p.protocol_errors
-    # without a key at all (as a pair that never shared a link): refused, since we share one
+    # that link only: never toward the limit of protocol errors that fails the job (issue 48 review)
+    assert not job.peer(first).protocol_errors and not p.protocol_errors
+    # without a key at all (as a pair that never shared a link): never taken, since we share one;
+    # no verdict (the origin's frames sent before it adopted the pair's first link are in flight)
     import pytest
 
     from linkescape.errors import ProtocolError
-    with pytest.raises(ProtocolError, match="without a key"):
+    from linkescape.protocol.relaymac import Unknown
+    with pytest.raises(Unknown, match="without a key"):
         p.pairs.open(memoryview(_NOKEY + bye))
     with pytest.raises(ProtocolError, match="end-to-end MAC"):
         p.pairs.open(memoryview(forger.seal(bye) + bye))

@@ -83,6 +83,9 @@ class Matcher:
         self.coll_failed: set = set()
         self.epoch = 0
         self.floor = 0
+        #: the peers whose receivers hold unexpected point-to-point messages (a shrink drops the
+        #: old group's there, quiet peers too, without a scan of all peers)
+        self.holding: set = set()
 
     def failed(self, msg: int) -> None:
         failed = self.coll_failed
@@ -308,8 +311,8 @@ class PeerChannel(PeerTimers):
         first = status.never_up  # its first connection (a backup opened after start-up): no event
         status.apply(Ev.CONNECTED, now)
         self.links[rail] = link
-        if link.pair_key:
-            self.pairs.add(rail, link.epoch, link.pair_key)
+        if link.pair_key:  # (the peer holds it once the link carried a frame of its: we seal with it then)
+            self.pairs.add(rail, link.epoch, link.pair_key, heard=lambda link=link: link.bytes_received > 0)
         self.env.io.add_link(link)
         self.report(LinkUp(rail))
         link.grey = GreyDetector(self.env.rail_rates[rail])
@@ -569,13 +572,13 @@ class PeerChannel(PeerTimers):
             else:
                 raise
 
-    def _protocol_error(self, link: Optional[Link], exc: ProtocolError) -> None:
+    def _protocol_error(self, link: Optional[Link], exc: ProtocolError, count: bool = True) -> None:
         """The link carried nonsense: it is a failed link (closed, replayed
         elsewhere, re-dialed). Only a peer that keeps sending nonsense on fresh
-        links fails the communicator."""
+        links fails the communicator (``count`` False: not toward that)."""
         now = self.env.clock.now()
         log.warning("rank %d rail %s: %s", self.rank, link.rail if link is not None else "relay", exc)
-        if isinstance(exc, FrameAuthError):  # the path's doing, not the peer's: it costs the link only
+        if isinstance(exc, FrameAuthError) or not count:  # the path's doing: it costs the link only
             if link is not None:
                 self.link_down(link, Ev.PROTOCOL_ERROR, detail=str(exc))
             return
@@ -627,8 +630,10 @@ class PeerChannel(PeerTimers):
 
     def bad_relayed(self, link: Optional[Link], exc: ProtocolError):
         """(the relay's channel) A frame this peer passed on to us, claiming another rank as its
-        source, breaks the protocol: it counts against this peer's link it came on."""
-        self._protocol_error(link, exc)
+        source, breaks the protocol: it costs this peer's link it came on, that link only (as a
+        ``FrameAuthError``): never toward the limit of protocol errors that fails the job (the
+        frame may be a third rank's doing, or an on-path attacker's)."""
+        self._protocol_error(link, exc, count=False)
         return self._done()
 
     def relay_broke(self, via: int):
@@ -644,8 +649,8 @@ class PeerChannel(PeerTimers):
         try:
             try:
                 frame = self.pairs.open(frame)  # its end-to-end MAC: the relay cannot forge it
-            except Unknown:
-                self.relayed_unknown += 1  # a key of a link we have not adopted yet: sent again later
+            except Unknown:  # a key of a link we have not adopted yet (sent again later), no key while
+                self.relayed_unknown += 1  # we hold one (frames in flight), a replay: no verdict
                 return self._done()
             hdr = unpack_header(frame, self.env.config.max_frame_bytes)
             if len(frame) != HEADER_SIZE + hdr.length:

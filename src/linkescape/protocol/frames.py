@@ -41,7 +41,7 @@ FLAG_ACK_NOW = 1
 #: without it the frame is to be passed on (``arg`` is its destination)
 FLAG_PASSED = 2
 #: bytes before the pair's frame inside a RELAY frame: its end-to-end MAC (protocol/relaymac.py)
-RELAY_TRAILER = 24
+RELAY_TRAILER = 32
 
 
 class Kind(enum.IntEnum):

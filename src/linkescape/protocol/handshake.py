@@ -59,9 +59,10 @@ from typing import Callable, List, Optional, Tuple
 from ..errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
 
 MAGIC = 0x4C4E4B45  # "LNKE"
-#: 4: frame keys per direction (HKDF); 3: the HELLO carries mac_h and the
-#: REJECT mac_r (2: challenge-response; 1 was a plain Hello answered with a Hello)
-VERSION = 4
+#: 5: relayed frames carry a counter (their trailer: 32 bytes); 4: frame keys per
+#: direction (HKDF); 3: the HELLO carries mac_h and the REJECT mac_r (2:
+#: challenge-response; 1 was a plain Hello answered with a Hello)
+VERSION = 5
 NONCE_SIZE = 32
 MAC_SIZE = 32
 JOB_SIZE = 32
