@@ -128,6 +128,43 @@ def test_set_timeout_applies_to_the_live_group(store):
         _close(pgs)
 
 
+def test_a_wait_that_times_out_leaves_the_tensor_alone(store):
+    """The operation owns the tensor (zero-copy) while it runs: a wait() that times out aborts the
+    group before it raises, so a peer that joins late (or a path that returns) cannot write into it
+    afterwards, e.g. into the next step's gradients before torchft's next quorum aborts the group."""
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=30)) for _ in range(2)]
+    try:
+        _configure(pgs, store, "wait-timeout")
+        t = torch.ones(1024)
+        work = pgs[0].allreduce([t], SUM)
+        t0 = time.monotonic()
+        with pytest.raises(LinkEscapeBackendError) as info:
+            work.wait(timedelta(seconds=0.3))  # rank 1 has not called yet
+        assert time.monotonic() - t0 < 5
+        assert isinstance(info.value.cause, CommTimeout) and "Timed out waiting" in str(info.value)
+        seen = t.clone()
+        # rank 1 joins late: without the abort, rank 0's operation completed now and wrote 1 + 5
+        try:
+            pgs[1].allreduce([torch.full((1024,), 5.0)], SUM).wait(timedelta(seconds=5))
+        except LinkEscapeBackendError:
+            pass  # it may fail (rank 0 is gone) or complete with what rank 0 had sent
+        time.sleep(0.5)
+        assert torch.equal(t, seen), "the operation wrote into the tensor after its wait() timed out"
+        assert work.is_completed() and not work.is_success()
+        # torchft's Manager learns it from errored(); the aborted group refuses later calls
+        err = pgs[0].errored()
+        assert isinstance(err, LinkEscapeBackendError) and isinstance(err.cause, CommTimeout), err
+        with pytest.raises(LinkEscapeBackendError) as later:
+            pgs[0].allreduce([torch.ones(1)], SUM).wait()
+        assert isinstance(later.value.cause, CommClosed), later.value
+        # the next quorum works again and reports nothing
+        _configure(pgs, store, "after-wait-timeout", quorum_id=1)
+        assert _allreduce(pgs) == [3.0, 3.0]
+        assert pgs[0].errored() is None
+    finally:
+        _close(pgs)
+
+
 def test_configure_times_out_when_the_quorum_never_fills(store):
     pg = ProcessGroupLinkescape(timeout=timedelta(seconds=0.2))
     t0 = time.monotonic()

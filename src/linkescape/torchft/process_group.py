@@ -15,6 +15,12 @@ What differs from torchft's Gloo group:
   Manager then discards the step and its next quorum leaves the rank out;
 * ``set_timeout()`` applies to the live group too, not only to the next
   ``configure``;
+* a ``wait()`` that times out aborts the group before it raises (as torchft's
+  NCCL group does on a timeout): the operation, which still owns the
+  caller's tensors (zero-copy on CPU), can write nothing into them later,
+  when a path returns or a late peer joins, e.g. into the next step's
+  gradients while torchft's asynchronous quorum has not yet aborted the
+  group; ``errored()`` reports it until the next ``configure``;
 * faults that leave a path (a cable, an optic, a flap) never reach torchft:
   the group escapes to another rail, and no call fails.
 
@@ -63,6 +69,8 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
         self._rails = list(rails) if rails else None
         self._lock = threading.Lock()
         self._aborted: Optional[BaseException] = None  # why the current group was aborted
+        #: (group, error): a wait() timed out on that group and aborted it (errored() reports it)
+        self._timed_out: Optional[tuple] = None
 
     # ------------------------------------------------------------ torchft's hooks
     def _create_pg(self, store: Store, rank: int, world_size: int) -> ProcessGroupLinkEscape:
@@ -81,13 +89,32 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
             raise
         with self._lock:
             self._aborted = None
+            self._timed_out = None  # (the group a wait aborted is gone with the quorum)
         return pg
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
     def _wrap_work(self, work: Work, opts: object) -> Work:
-        return _Work(work, seconds(self._timeout))
+        return _Work(work, seconds(self._timeout), self._pg, self._abort_on_timeout)
+
+    def _abort_on_timeout(self, pg: object, exc: "LinkEscapeBackendError") -> None:
+        """A ``wait()`` on ``pg``'s work timed out while the operation still runs: abort ``pg`` (its
+        operations fail, its links close) so that nothing is written into the caller's tensors later.
+        The wrapper keeps the aborted group until the next ``configure``: later calls fail with
+        ``CommClosed`` and ``errored()`` returns ``exc``."""
+        if not isinstance(pg, ProcessGroupLinkEscape):
+            return
+        with self._lock:
+            if pg is self._pg and self._timed_out is None:
+                self._timed_out = (pg, exc)
+        log.warning("rank %d: %s; aborting the group so that the operation writes nothing later", pg._le_rank, exc)
+        with pg._state_lock:
+            works = list(pg._inflight.values())
+        why = CommClosed(f"process group aborted: a wait timed out (quorum {self._quorum_id})")
+        for w in works:
+            w._fail(why)
+        pg.abort()  # the engine closes under its lock: no library operation of pg runs after this
 
     @contextmanager
     def _run_context(self):
@@ -125,11 +152,14 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
             pg.shutdown()
 
     def errored(self) -> Optional[Exception]:
-        """The error that requires a new quorum: a rank the group lost (its
-        process ended, or no path to it is left), or ``None``."""
+        """The error that requires a new quorum: a ``wait()`` that timed out (it aborted the group),
+        a rank the group lost (its process ended, or no path to it is left), or ``None``."""
         pg = self._pg
         if not isinstance(pg, ProcessGroupLinkEscape):
             return None
+        timed_out = self._timed_out
+        if timed_out is not None and timed_out[0] is pg:
+            return timed_out[1]
         lost = pg.lost_peers
         if not lost:
             return None
@@ -186,18 +216,45 @@ def _reraise(exc: BaseException):
 class _Work(Work):
     """A linkescape work whose error torchft recognises (see :func:`_torchft_error`); ``wait()``
     without a timeout waits the group's timeout at most, as a Gloo work does (torchft's Manager waits
-    so on its allreduce: a replica cut off from every peer then fails its step in time to rejoin)."""
+    so on its allreduce: a replica cut off from every peer then fails its step in time to rejoin).
 
-    def __init__(self, work: Work, timeout_s: Optional[float]) -> None:
+    A ``wait()`` that times out while the operation still runs aborts the group first
+    (``on_timeout``), then waits for the work to end (its finish step, a copy back into the caller's
+    tensors, runs only if the operation had completed before the abort), then raises: once it
+    raises, nothing writes into the tensors any more."""
+
+    #: how long a timed-out wait waits for the aborted work to end (it ends within milliseconds)
+    SETTLE_S = 5.0
+
+    def __init__(self, work: Work, timeout_s: Optional[float], pg: object = None, on_timeout=None) -> None:
         super().__init__()
         self._work = work
         self._timeout_s = timeout_s
+        self._pg = pg
+        self._on_timeout = on_timeout
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         try:
             return self._work.wait(self._timeout_s if timeout is None else timeout)
         except Exception as exc:  # noqa: BLE001 - re-raised, in torchft's words
+            if self._on_timeout is not None and isinstance(exc, LinkEscapeBackendError) \
+                    and isinstance(exc.cause, CommTimeout) and not self._work.is_completed():
+                exc = self._abort(exc)
             _reraise(exc)
+
+    def _abort(self, exc: LinkEscapeBackendError) -> LinkEscapeBackendError:
+        cause = CommTimeout(f"{exc.op} not complete after the wait's timeout: the group was aborted, the "
+                            f"operation ended without writing into the tensors after this error",
+                            op_seq=getattr(exc.cause, "op_seq", None))
+        err = LinkEscapeBackendError(
+            f"linkescape {exc.op} failed on rank {exc.rank}" + (f" in group {exc.group!r}" if exc.group else "")
+            + f": CommTimeout: {cause}", cause, op=exc.op, rank=exc.rank, group=exc.group)
+        self._on_timeout(self._pg, err)
+        try:
+            self._work.wait(timedelta(seconds=self.SETTLE_S))
+        except Exception:  # noqa: BLE001 - it fails (aborted), as expected
+            pass
+        return err
 
     def get_future(self) -> "torch.futures.Future":
         def value(fut):
