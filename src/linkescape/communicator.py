@@ -340,6 +340,8 @@ class Communicator:
         self._post_lock.acquire()
         held = True
         try:
+            # a shrink may have closed this group while we waited for the lock: never post on it
+            self._check_open()
             if p2p:
                 self._p2p_seq += 1
                 seq = self._p2p_seq
