@@ -415,6 +415,8 @@ class Engine:
             elif t is Forward:
                 self._forward(peer, o.dst, o.frame)
             elif t is Relayed:
+                if o.src in self.excluded:
+                    continue  # a rank left out: nothing it sends is taken (engine/membership.py)
                 src = self.peers.find(o.src)  # (a peer not built yet is built now)
                 if src is not None:
                     if o.frame[:1] == NO_KEY_BYTE and not src.pairs.keys and not src.relay_agreed():
@@ -493,6 +495,8 @@ class Engine:
     def _resume_unblocked(self) -> None:
         """(relay) Sources parked on a full window read on once it opened."""
         for rank in self.relays.take_unblocked():
+            if rank in self.excluded:
+                continue
             p = self.peers[rank]
             self._apply(p, p.resume())
 
