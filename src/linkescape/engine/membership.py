@@ -19,7 +19,8 @@ old group is ever taken for the new one's:
   (``Matcher``, ``Receiver._match``).
 
 Cost on each survivor: O(E) for E excluded ranks, plus the operations and
-the hot peers in flight (bounded by the work outstanding, not by N), plus one
+the hot peers in flight and the peers holding unexpected messages (bounded by
+the work outstanding, not by N), plus one
 list of the N - E survivors for the probe budget.
 """
 
@@ -57,6 +58,9 @@ def shrink_locked(engine, excluded: Iterable[int], epoch: int, abort: bool = Tru
         engine.fatal = None
     engine.matcher.new_epoch(epoch)
     engine.matcher.any_recvs.clear()
+    # the old group's unexpected messages go, of quiet peers too (only those holding some)
+    for peer in list(engine.matcher.holding):
+        peer.receiver.drop_stale(epoch)
     for peer in list(engine.hot):
         if peer.lost is None:
             peer.receiver.drop_stale(epoch)
@@ -65,6 +69,8 @@ def shrink_locked(engine, excluded: Iterable[int], epoch: int, abort: bool = Tru
     engine.probes = ProbeBudget([p for p in range(engine.world_size) if p != engine.rank and p not in engine.excluded],
                                 engine.nrails, engine.config.probe_rate)
     engine._probed = None
+    if engine.relays.blocked:
+        engine._resume_unblocked()  # sources whose window to an excluded rank was full
     return ended
 
 
@@ -83,9 +89,13 @@ def _exclude(engine, rank: int) -> None:
                     link.flush()  # one non-blocking try: a rank cut off never reads it anyway
             except OSError:
                 pass
+            # what stays queued is never written: frames we relay to it free the relay's room
+            # (RelayRouter.held) for their sources
+            link.discard_queue()
             peer.close_link(link)
     for rail in range(engine.nrails):
         engine.down.discard((rank, rail))
+    engine.relays.blocked.discard(rank)  # never read on as a relay's source (sources it blocked: resumed)
     # pairs we routed through it lose that path now (they look for a survivor to relay)
     for dst in engine.relays.relayed_through(rank):
         d = engine.peers[dst]

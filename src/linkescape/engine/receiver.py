@@ -155,11 +155,16 @@ class Receiver:
         since: ``sig`` is the group's epoch) are dropped first."""
         queue = self.unexpected.get(tag)
         while queue and queue[0].done and queue[0].sig != sig:
-            u = pop_first(self.unexpected, tag)
-            self.unexpected_bytes -= u.nbytes
-            self.unexpected_count -= 1
+            self._forget(pop_first(self.unexpected, tag))
             queue = self.unexpected.get(tag)
         return queue
+
+    def _forget(self, u: Unexpected) -> None:
+        """An unexpected message left ``self.unexpected``: its room is free again."""
+        self.unexpected_bytes -= u.nbytes
+        self.unexpected_count -= 1
+        if not self.unexpected_count:
+            self.peer.env.matcher.holding.discard(self.peer)
 
     def waiting(self) -> bool:
         """A receive is posted (or a message half in) from this peer."""
@@ -187,8 +192,7 @@ class Receiver:
         for tag in [t for t, q in self.unexpected.items() if any(u.sig != epoch for u in q)]:
             for u in [u for u in self.unexpected[tag] if u.sig != epoch]:
                 discard(self.unexpected, tag, u)
-                self.unexpected_bytes -= u.nbytes
-                self.unexpected_count -= 1
+                self._forget(u)
         cur = self.cur_in
         if isinstance(cur, Unexpected) and cur.sig != epoch:
             self.cur_in = rest = Dropped(cur.msg, cur.sig, cur.nbytes, cur.received)
@@ -199,8 +203,7 @@ class Receiver:
 
     def _take_unexpected(self, u: Unexpected, m: InMessage) -> None:
         peer = self.peer
-        self.unexpected_bytes -= u.nbytes
-        self.unexpected_count -= 1
+        self._forget(u)
         if u.nbytes != m.nbytes:
             peer.report(OpFailed(m.op, CollectiveMismatch(
                 f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {u.nbytes} bytes",
@@ -361,7 +364,7 @@ class Receiver:
                 if cur is not None:
                     self.cur_in = cur
             else:
-                self._check_next(cur, hdr, None)
+                cur = self._next(cur, hdr, None)
             if cur is not None:
                 self._place(hdr, cur, payload)
                 peer.resume_wanted = True
@@ -412,7 +415,9 @@ class Receiver:
                     return self._park(link)
                 self.cur_in = cur
             else:
-                self._check_next(cur, hdr, link.rail)
+                cur = self._next(cur, hdr, link.rail)
+                if cur is None:
+                    return self._park(link)
             link.binding = cur
             if isinstance(cur, Dropped):
                 link.sink = env.discard(hdr.length)
@@ -432,6 +437,35 @@ class Receiver:
             self._reading(link, True)
         link.sink_got = 0
         return True
+
+    def _next(self, cur, hdr: Header, rail: Optional[int]):
+        """The message the next frame (in seq order) belongs to while ``cur`` is half in: ``cur``,
+        or, where the frame starts another message, what that one matches (None: it waits).
+
+        The sender of a message whose operation failed drops the rest of it (``Sender.cancel``;
+        the frames carved already stay in its replay window and still come, in order, before
+        anything later). So a frame at offset 0 of another message proves that the rest of a
+        message dropped here (``Dropped``: our side failed too) or not yet taken (``Unexpected``)
+        never comes: it is given up, and the new message matched. While a receive of ours is half
+        in, such a frame waits (parked or stashed): the sender's operation failed first (its
+        deadline, its shrink); ours ends too (its deadline, our shrink), and the frame goes on."""
+        if hdr.offset == 0 and (cur.msg != hdr.msg or cur.received):
+            if isinstance(cur, (Dropped, Unexpected)):
+                if isinstance(cur, Unexpected):
+                    discard(self.unexpected, cur.msg, cur)
+                    self._forget(cur)
+                for link in self.peer.links:  # (its frames are all in: only a duplicate may be bound)
+                    if link is not None and link.binding is cur:
+                        link.binding = None
+                        link.sink = self.peer.env.discard(len(link.sink))
+                self.cur_in = None
+                cur = self._match(hdr)
+                if cur is not None:
+                    self.cur_in = cur
+                return cur
+            return None
+        self._check_next(cur, hdr, rail)
+        return cur
 
     def _check_next(self, cur, hdr: Header, rail: Optional[int]) -> None:
         if cur.msg != hdr.msg or cur.received != hdr.offset:
@@ -516,6 +550,7 @@ class Receiver:
             u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
             self.unexpected_bytes += hdr.arg
             self.unexpected_count += 1
+            matcher.holding.add(peer)  # (a shrink drops the old group's: Receiver.drop_stale)
             enqueue(self.unexpected, hdr.msg, u)
             return u
         if hdr.msg < matcher.floor:
@@ -710,7 +745,9 @@ class Receiver:
                     return  # its message is not posted yet (or past the unexpected bound)
                 self.cur_in = cur
             else:
-                self._check_next(cur, hdr, None)
+                cur = self._next(cur, hdr, None)
+                if cur is None:
+                    return
             heapq.heappop(seqs)
             del stash[expected]
             self.stash_bytes -= hdr.length
