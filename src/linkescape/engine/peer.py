@@ -86,9 +86,6 @@ class Matcher:
         #: the peers whose receivers hold unexpected point-to-point messages (a shrink drops the
         #: old group's there, quiet peers too, without a scan of all peers)
         self.holding: set = set()
-        #: the peers whose receivers hold unexpected point-to-point messages (a shrink drops the
-        #: old group's there, quiet peers too, without a scan of all peers)
-        self.holding: set = set()
 
     def failed(self, msg: int) -> None:
         failed = self.coll_failed
