@@ -34,7 +34,12 @@ SERIAL = (
 #: what it exercises: a shorter test in `make test` exercises it too (named beside it).
 #: docs/testing.md lists them with their times.
 SOAK = (
-    "tests/chaos/test_chaos_soak.py::test_chaos_soak_60s",  # short: ::test_a_short_scripted_run_reports_everything
+    "tests/chaos/test_chaos_soak.py::test_chaos_soak_60s",  # short: the chaos replays (tests/chaos/test_chaos_regressions.py)
+    # a scripted 20 s chaos run with every report section (18 s, alone); short: the replays, which run the
+    # same tool and report
+    "tests/chaos/test_chaos_soak.py::test_a_short_scripted_run_reports_everything",
+    # a lossy rail degraded then used again (15 s, alone); short: the lossy_primary replay
+    "tests/engine/test_lossy_rail_integ.py",
     # 2 x 7 s crosses past a 4 s deadline; short: tests/chaos/test_chaos_regressions.py (relay replays),
     # tests/testbed/test_relay_testbed.py
     "tests/chaos/test_chaos_soak.py::test_crosses_longer_than_the_no_path_deadline",
