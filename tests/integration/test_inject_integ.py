@@ -18,6 +18,12 @@ def _inject(comm, kind):
     buf = np.full(1 << 18, r + 1, np.float32)
     comm.all_reduce(buf)
     if r == 0:
+        # the backups open after start-up: on a loaded host rail 1 may not be up yet, and a cut then
+        # leaves no path (no_path) instead of a failover (make test, 2026-12-06)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not all(
+                link["state"] == "up" for p in comm.snapshot()["peers"].values() for link in p["links"]):
+            time.sleep(0.02)
         comm.inject_fault(0, kind)
     work = [comm.all_reduce(np.full(1 << 18, r + i, np.float32), async_op=True) for i in range(3)]
     for w in work:

@@ -109,7 +109,9 @@ def test_flap_alternates_and_ends_up(testbed):
     assert [e.extra["state"] for e in evs] == ["down", "up"] * 3
     assert [e.extra["cycle"] for e in evs] == [0, 0, 1, 1, 2, 2]
     gaps = [b.ts - a.ts for a, b in zip(evs, evs[1:])]
-    assert all(0.1 < g < 0.5 for g in gaps), gaps  # ~0.2 s each half; loose, not a timing target
+    # ~0.2 s each half; loose, not a timing target (0.088 s once in make test's parallel part: a half
+    # cut short by the one before it running late)
+    assert all(0.05 < g < 0.6 for g in gaps), gaps
     assert tb.link_state(0, 0).usable
     assert tcp_check(tb, 0, 1, 0)
 
