@@ -186,3 +186,19 @@ def test_missing_torchft_names_the_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "MissingExtra" in out.stdout and "pip install 'linkescape[torchft]'" in out.stdout
+
+
+def test_configure_time_measures_both_groups():
+    """`python -m linkescape.torchft.configure_time` (docs/torchft.md's configure figures) runs both groups
+    through quorums and reports each one's times."""
+    import json
+    import os
+
+    env = dict(os.environ, LINKESCAPE_RAILS="127.0.0.1,127.0.0.2")
+    out = subprocess.run([sys.executable, "-m", "linkescape.torchft.configure_time", "--ranks", "2",
+                          "--quorums", "2"], capture_output=True, text=True, timeout=120, env=env, check=True)
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
+    rec = json.loads(line)
+    assert rec["ranks"] == 2 and rec["quorums"] == 2
+    for name in ("gloo", "linkescape"):
+        assert 0 < rec[name]["median_ms"] <= rec[name]["max_ms"]
