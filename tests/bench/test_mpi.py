@@ -9,6 +9,8 @@ import json
 import math
 import os
 import statistics
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -32,10 +34,10 @@ FOUND = _mpi_or_none()
 needs_mpi = pytest.mark.skipif(isinstance(FOUND, str), reason=f"no Open MPI here ({FOUND}); `make mpi` installs it")
 
 
-def run_bench(args, tmp_path, name="out.jsonl", env=None):
+def run_bench(args, tmp_path, name="out.jsonl", env=None, timeout=60):
     path = tmp_path / name
-    result = CliRunner().invoke(bench, [*args, "--json", str(path), "--timeout", "60"], catch_exceptions=False,
-                                env=env)
+    result = CliRunner().invoke(bench, [*args, "--json", str(path), "--timeout", str(timeout)],
+                                catch_exceptions=False, env=env)
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     return result, records
 
@@ -97,8 +99,10 @@ def test_mpi_alone_isolated_three_ranks(tmp_path, monkeypatch):
                     "(Debian: apt-get install python3-mpi4py python3-numpy)")
 def test_debians_mpi4py_with_the_system_python(tmp_path, monkeypatch):
     monkeypatch.setattr(mpi, "_python_for_mpi", lambda _executable: mpi.SYSTEM_PYTHON)
+    # --timeout 20: a job that does not start or answer is the launcher's error (start 35 s, a step 95 s),
+    # well before pytest's 300 s
     result, records = run_bench(["all_reduce", "--sizes", "4", "--world-size", "2", "--backend", "mpi", "--iters", "2",
-                                 "--warmup", "0"], tmp_path)
+                                 "--warmup", "0"], tmp_path, timeout=20)
     assert result.exit_code == 0, result.output
     assert len(records) == 1 and records[0]["backend"] == "mpi" and records[0]["time_us"] > 0
     # its ranks check the results when that Python can import this linkescape, N/A otherwise
@@ -120,6 +124,56 @@ def test_isolated_calls_and_context_switches_of_the_python_backends(tmp_path):
     big = [r for r in records if r["backend"] == "gloo" and r["size"] == 1 << 20][0]
     assert big["vcsw"] >= 1, big
     assert "--isolated" in result.output.splitlines()[0]
+
+
+def _fake_mpirun(tmp_path, body):
+    script = tmp_path / "mpirun"
+    script.write_text(f"#!{sys.executable}\nimport json, sys, time\n{body}\n")
+    os.chmod(script, 0o755)
+    return {"mpirun": str(script), "python": sys.executable}
+
+
+def _launch(tmp_path, found, monkeypatch, timeout=1.0):
+    from linkescape.bench.spec import BenchSpec
+
+    monkeypatch.setattr(mpi, "WATCHDOG_GRACE", 0.5)
+    spec = BenchSpec(ops=["all_reduce"], sizes=[4], world_size=2, backends=["linkescape", "mpi"], iters=1, warmup=0,
+                     timeout=timeout)
+    launcher = mpi.MpiLauncher(spec, lambda ev: None, found=found)
+    t0 = time.monotonic()
+    with pytest.raises(BenchError) as info:
+        launcher.run()
+    assert not launcher.procs or all(p.poll() is not None for p in launcher.procs.values())
+    assert launcher.mpi.poll() is not None  # nothing left running
+    return str(info.value), time.monotonic() - t0
+
+
+def test_an_mpi_job_that_never_starts_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    # mpirun up, its ranks stuck before MPI_Init returns: no "ready" ever (CI once waited 300 s here)
+    found = _fake_mpirun(tmp_path, "print('starting', flush=True); time.sleep(600)")
+    text, took = _launch(tmp_path, found, monkeypatch)
+    assert "did not start within 2s" in text and "starting" in text, text
+    assert took < 30
+
+
+def test_an_mpi4py_for_another_mpi_is_named(tmp_path, monkeypatch):
+    # an MPICH-built mpi4py under Open MPI's mpirun: each rank is a world of one
+    ready = json.dumps({"event": "ready", "world_size": 1, "library": "MPICH Version: 4.1", "python": "/x/python"})
+    found = _fake_mpirun(tmp_path, f"print({mpi.EVENT_PREFIX!r} + {ready!r}, flush=True); time.sleep(600)")
+    text, took = _launch(tmp_path, found, monkeypatch, timeout=30.0)
+    assert "its ranks see a world of 1, not 2" in text and "/x/python" in text and "MPICH" in text, text
+    assert took < 30
+
+
+def test_the_probe_wants_open_mpis_mpi4py(tmp_path):
+    # a Python whose mpi4py is not Open MPI's is not one the bench runs its ranks with
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    os.chmod(fake, 0o755)
+    assert not mpi._imports(str(fake))
+    assert "Open MPI" in mpi.PROBE and "initialize = False" in mpi.PROBE
+    if not isinstance(FOUND, str):
+        assert mpi._imports(FOUND["python"])
 
 
 def test_without_mpirun_the_cli_says_how_to_get_it(tmp_path):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import queue
@@ -51,9 +50,15 @@ class MpiUnavailable(BenchError):
     """``--backend mpi`` without Open MPI's mpirun or without mpi4py (the message says how to get them)."""
 
 
+# mpi4py and numpy import, and mpi4py's MPI is Open MPI's (a wheel built for MPICH, started by
+# Open MPI's mpirun, makes every rank a world of one); MPI is not initialized by the probe
+PROBE = ("import mpi4py, numpy; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+         "import sys; sys.exit(0 if 'Open MPI' in MPI.Get_library_version() else 3)")
+
+
 def _imports(python: str) -> bool:
     try:
-        return subprocess.run([python, "-c", "import mpi4py, numpy"], stdin=subprocess.DEVNULL,
+        return subprocess.run([python, "-c", PROBE], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
@@ -61,8 +66,6 @@ def _imports(python: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _python_for_mpi(executable: str) -> Optional[str]:
-    if executable == sys.executable and importlib.util.find_spec("mpi4py") is not None:
-        return executable
     for python in (executable, SYSTEM_PYTHON):
         if os.path.exists(python) and _imports(python):
             return python
@@ -116,6 +119,9 @@ class MpiLauncher(LocalLauncher):
         self.asked: Dict[str, bool] = {"ranks": False, "mpi": False}
         self.asked_at = 0.0
         self.mpi: Optional[subprocess.Popen] = None
+        self.started_at = time.monotonic()
+        # MPI_Init and rank 0's "ready": as long as one call may take, and the watchdog's grace
+        self.start_limit = spec.timeout + WATCHDOG_GRACE
         self.mpi_tail: collections.deque = collections.deque(maxlen=40)
         self.mpi_info: dict = {}
         # a step of Open MPI's: a checked run, warm-up and timed calls, each within --timeout
@@ -124,6 +130,7 @@ class MpiLauncher(LocalLauncher):
     # --------------------------------------------------------------- the mpirun job
     def run(self) -> None:
         cmd = command(self.found, self.spec.world_size, json.dumps(self.spec.to_dict()))
+        self.started_at = time.monotonic()
         self.mpi = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env())
         for stream, name in ((self.mpi.stdout, "stdout"), (self.mpi.stderr, "stderr")):
@@ -190,6 +197,10 @@ class MpiLauncher(LocalLauncher):
             if self.verbose:
                 print(f"[mpi] {ev['line']}", file=sys.stderr, flush=True)
         elif kind == "ready":
+            if ev.get("world_size") != self.spec.world_size:
+                raise self._mpi_failure(f"its ranks see a world of {ev.get('world_size')}, not "
+                                        f"{self.spec.world_size}: mpi4py in {ev.get('python')} is not built for "
+                                        f"this mpirun's MPI ({ev.get('library')})")
             self.mpi_info = ev
             self.ready["mpi"] = True
             self._advance()
@@ -215,6 +226,8 @@ class MpiLauncher(LocalLauncher):
         rc = self.mpi.poll() if self.mpi is not None else None
         if rc is not None and rc != 0:
             raise self._mpi_failure(f"mpirun {_exit_text(rc)}")
+        if not self.ready["mpi"] and time.monotonic() - self.started_at > self.start_limit:
+            raise self._mpi_failure(f"Open MPI's ranks did not start within {self.start_limit:.0f}s")
         waiting = [w for w in ("ranks", "mpi") if self.asked[w] and self.results[w] is None]
         if "mpi" in waiting and time.monotonic() - self.asked_at > self.step_limit:
             raise self._mpi_failure(f"Open MPI's ranks took more than {self.step_limit:.0f}s for one step")
