@@ -202,3 +202,62 @@ def test_configure_time_measures_both_groups():
     assert rec["ranks"] == 2 and rec["quorums"] == 2
     for name in ("gloo", "linkescape"):
         assert 0 < rec[name]["median_ms"] <= rec[name]["max_ms"]
+
+
+def test_a_quorum_of_replicas_that_stay_keeps_their_links(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=20)) for _ in range(4)]
+    try:
+        _configure(pgs, store, "keep0", quorum_id=0)
+        assert {pg.last_configure for pg in pgs} == {"built"}
+        engines = [pg.communicator._engine for pg in pgs]
+        assert _allreduce(pgs) == [10.0] * 4
+        # replica 1 is lost (its process ends without a goodbye); the next quorum is the other three
+        pgs[1].abort()
+        survivors = [pgs[0], pgs[2], pgs[3]]
+        deadline = time.monotonic() + 5
+        while not all(pg.errored() for pg in survivors) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _configure(survivors, store, "keep1", quorum_id=1)
+        assert [pg.last_configure for pg in survivors] == ["shrunk"] * 3
+        # the same engines, links and sockets: no handshake, no new connection
+        assert [pg.communicator._engine for pg in survivors] == [engines[0], engines[2], engines[3]]
+        assert all(pg.errored() is None and pg.size() == 3 for pg in survivors)
+        assert [pg.communicator.rank for pg in survivors] == [0, 1, 2]
+        assert _allreduce(survivors) == [6.0] * 3
+        # replica 1 comes back (a new process): a quorum with a member that is not in the group builds one
+        pgs[1] = ProcessGroupLinkescape(timeout=timedelta(seconds=20))
+        _configure(pgs, store, "keep2", quorum_id=2)
+        assert {pg.last_configure for pg in pgs} == {"built"}
+        assert _allreduce(pgs) == [10.0] * 4
+    finally:
+        _close(pgs)
+
+
+def test_a_quorum_in_another_order_or_of_the_same_members_builds(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=20)) for _ in range(3)]
+    try:
+        _configure(pgs, store, "order0", quorum_id=0)
+        # the same three again (a step failed, nobody left): a new group
+        _configure(pgs, store, "order1", quorum_id=1)
+        assert {pg.last_configure for pg in pgs} == {"built"}
+        assert _allreduce(pgs) == [6.0] * 3
+        # two of them, but numbered the other way round: shrink would number them 0, 1 in the old order
+        pgs[0].shutdown()
+        swapped = [pgs[2], pgs[1]]
+        _configure(swapped, store, "order2", quorum_id=2)
+        assert {pg.last_configure for pg in swapped} == {"built"}
+        assert _allreduce(swapped) == [3.0, 3.0]
+    finally:
+        _close(pgs)
+
+
+def test_reuse_off_builds_every_quorum(store):
+    pgs = [ProcessGroupLinkescape(timeout=timedelta(seconds=20), reuse=False) for _ in range(3)]
+    try:
+        _configure(pgs, store, "off0", quorum_id=0)
+        pgs[2].shutdown()
+        _configure(pgs[:2], store, "off1", quorum_id=1)
+        assert {pg.last_configure for pg in pgs[:2]} == {"built"}
+        assert _allreduce(pgs[:2]) == [3.0, 3.0]
+    finally:
+        _close(pgs)

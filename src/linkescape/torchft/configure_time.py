@@ -4,8 +4,10 @@
 (forked after ``import torch``) on loopback, configures every group for ``--quorums`` quorums in turn,
 each followed by an all_reduce (the group works) and a barrier in the store (torchft's should_commit),
 and prints per backend and world size the median and the worst, over the quorums, of the slowest rank's
-``configure``. Both backends run in the same
-processes, one after the other, on the same store.
+``configure``. Then the last rank leaves (its group aborted, as a lost replica's) and the others
+configure one more quorum without it: ``leave_ms``, the slowest survivor's ``configure`` (linkescape's
+group shrinks the group it has: ``leave_how``). Both backends run in the same processes, one after
+the other, on the same store.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def _rank(rank: int, world: int, port: int, quorums: int, out) -> None:
             store.add(key, 1)
             while int(store.add(key, 0)) < world:
                 time.sleep(0.001)
+        # the last rank leaves; a quorum of the others (same order, ranks 0..world-2)
+        if rank == world - 1 or world < 3:
+            pg.abort()
+        else:
+            t0 = time.perf_counter()
+            pg.configure(f"127.0.0.1:{port}/{name}/leave", str(rank), rank, world - 1, quorums)
+            times[name + "_leave"] = [time.perf_counter() - t0]
+            t = torch.ones(1)
+            pg.allreduce([t], torch.distributed.ReduceOp.SUM).wait()
+            assert t.item() == world - 1
+            times[name + "_how"] = getattr(pg, "last_configure", "built")
         pg.shutdown()
     out.put((rank, times))
 
@@ -68,6 +81,10 @@ def measure(world: int, quorums: int) -> Dict[str, Dict[str, float]]:
     for name in ("gloo", "linkescape"):
         slowest = [max(res[r][name][k] for r in range(world)) for k in range(quorums)]
         out[name] = {"median_ms": round(statistics.median(slowest) * 1e3, 1), "max_ms": round(max(slowest) * 1e3, 1)}
+        stayed = [r for r in range(world) if name + "_leave" in res[r]]
+        if stayed:
+            out[name]["leave_ms"] = round(max(res[r][name + "_leave"][0] for r in stayed) * 1e3, 1)
+            out[name]["leave_how"] = sorted({res[r][name + "_how"] for r in stayed})
     return out
 
 

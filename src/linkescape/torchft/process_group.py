@@ -24,9 +24,13 @@ What differs from torchft's Gloo group:
 * faults that leave a path (a cable, an optic, a flap) never reach torchft:
   the group escapes to another rail, and no call fails.
 
-A new quorum builds new links, as Gloo's group does: torchft gives
-``configure`` only a store address, this replica's rank and the world size,
-not which ranks stayed (docs/torchft.md: the time it takes, against Gloo's).
+A new quorum keeps the links to the replicas that stay: when its members are
+all in the current group, in the same order, and only ranks left out are
+known gone, ``configure`` shrinks the current group (``Communicator.shrink``:
+no handshake, no new sockets) instead of building one; every member decides
+the same from offers it reads in the quorum's store (``reuse``). A replica
+that joins or comes back, or a group that was aborted, gets a new group, as
+Gloo's does (docs/torchft.md: the time each takes, against Gloo's).
 """
 
 from __future__ import annotations
@@ -38,14 +42,16 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 import torch
-from torch.distributed import Store, Work
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store, TCPStore, Work
 from torchft.process_group import ProcessGroupWrapper
 
 from ..config import Config
-from ..errors import CommClosed, CommTimeout, PeerLost
+from ..errors import CommClosed, CommTimeout, LinkEscapeError, PeerLost, RendezvousError
 from ..torch.convert import seconds
 from ..torch.process_group import ProcessGroupLinkEscape, make_config
 from ..torch.work import LinkEscapeBackendError
+from . import reuse
 
 log = logging.getLogger("linkescape.torchft")
 
@@ -59,14 +65,24 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
     ``config``: the linkescape :class:`~linkescape.config.Config` (default:
     the ``LINKESCAPE_*`` environment); ``rails``: the rails' interface names
     or addresses (default ``LINKESCAPE_RAILS``, else the interface that
-    reaches the store's host).
+    reaches the store's host); ``reuse``: a quorum of replicas that all stay
+    shrinks the current group instead of building one (``False``: every
+    quorum builds its group, as Gloo's does).
     """
 
     def __init__(self, timeout: timedelta = timedelta(seconds=60), *, config: Optional[Config] = None,
-                 rails: Optional[Sequence[str]] = None) -> None:
+                 rails: Optional[Sequence[str]] = None, reuse: bool = True) -> None:
         super().__init__(timeout=timeout)
         self._config = config
         self._rails = list(rails) if rails else None
+        self._reuse = bool(reuse)
+        #: the store address the current group was built from (every member's is the same)
+        self._group_addr: Optional[str] = None
+        #: how the last configure got its group: "shrunk" (the links kept) or "built"
+        self.last_configure: Optional[str] = None
+        #: ("host:port", client): the store connection of the last quorum, kept for the next quorum
+        #: at the same address (a new connection to a TCPStore takes 5 s now and then)
+        self._store_client: Optional[tuple] = None
         self._lock = threading.Lock()
         self._aborted: Optional[BaseException] = None  # why the current group was aborted
         #: (group, error): a wait() timed out on that group and aborted it (errored() reports it)
@@ -127,9 +143,76 @@ class ProcessGroupLinkescape(ProcessGroupWrapper):
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int,
                   quorum_id: Optional[int] = None, group_rank: Optional[int] = None,
                   group_world_size: Optional[int] = None, global_ranks: Optional[list] = None) -> None:
-        """Abort the current group (its calls in flight fail) and build the quorum's."""
-        super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
-                          global_ranks)
+        """The quorum's group: the current one shrunk when every member stays in order (its calls in
+        flight fail with ``GroupShrunk``), else a new one (the current one aborted first)."""
+        old = self._pg
+        self._replica_id, self._quorum_id, self._rank = replica_id, quorum_id, rank
+        self._group_rank, self._group_world_size, self._global_ranks = group_rank, group_world_size, global_ranks
+        store = self._store(store_addr)
+        out = self._agree(store, old, rank, world_size) if self._reuse else None
+        if out is not None:
+            try:
+                new = old._shrink(out, getattr(dist.distributed_c10d, "SHRINK_ABORT", 1))
+            except (LinkEscapeBackendError, LinkEscapeError) as exc:
+                # the others shrank: this member fails this quorum (torchft discards the step); its group is
+                # closed, so its next offer is none and the next quorum builds a new group everywhere
+                self.abort(errored=True)
+                raise LinkEscapeBackendError(f"configure could not shrink the group: {exc}", exc, op="configure",
+                                             rank=rank) from exc
+            assert new._le_rank == rank, (new._le_rank, rank)  # (reuse.excluded keeps the order)
+            new._group_name = f"torchft_quorum_{quorum_id}" if quorum_id is not None else "torchft"
+            new.set_timeout(self._timeout)
+            with self._lock:
+                self._pg = new
+                self._aborted = None
+                self._timed_out = None
+            self._group_addr = store_addr
+            self.last_configure = "shrunk"
+            log.info("rank %d: quorum %s keeps the links: old ranks %s left out", rank, quorum_id, out)
+            return
+        self.abort(errored=False)
+        self._pg = self._create_pg(store, rank, world_size)
+        self._group_addr = store_addr
+        self.last_configure = "built"
+
+    def _store(self, store_addr: str) -> Store:
+        """torchft's ``create_store_client`` (``host:port/prefix``), over the last quorum's connection
+        when its store is at the same address and still answers."""
+        addr, _, prefix = store_addr.partition("/")
+        kept = self._store_client
+        if kept is not None and kept[0] == addr:
+            try:
+                kept[1].set_timeout(self._timeout)
+                kept[1].check([])  # a round trip: the server is still there
+                return PrefixStore(prefix, kept[1])
+            except Exception:  # noqa: BLE001 - a store restarted at that address: connect again
+                pass
+        host, _, port = addr.rpartition(":")
+        client = TCPStore(host_name=host.strip("[]"), port=int(port), is_master=False, wait_for_workers=False,
+                          timeout=self._timeout)
+        self._store_client = (addr, client)
+        return PrefixStore(prefix, client)
+
+    def _agree(self, store: Store, old: object, rank: int, world_size: int) -> Optional[list]:
+        """Write this member's offer, read every member's: the old ranks to leave out, or ``None``."""
+        mine = None
+        if isinstance(old, ProcessGroupLinkEscape) and self._group_addr is not None and not old._closed:
+            with self._lock:
+                usable = self._aborted is None and self._timed_out is None
+            if usable and not old._comm._closed:
+                mine = (self._group_addr, old._le_rank, old._le_size, sorted(old.lost_peers))
+        store.set(f"{reuse.PREFIX}{rank}", reuse.offer(*(mine or (None, 0, 0, ()))))
+        offers = []
+        try:
+            for r in range(world_size):
+                offers.append(reuse.parse(store.get(f"{reuse.PREFIX}{r}")))
+        except Exception as exc:  # noqa: BLE001 - the store's timeout, in the words of a group's start-up
+            missing = list(range(len(offers), world_size))
+            cause = RendezvousError(f"members {missing} wrote no offer: {exc}", missing=missing)
+            raise LinkEscapeBackendError(f"linkescape configure failed on rank {rank}: RendezvousError: {cause} "
+                                         f"(timeout after {seconds(self._timeout) * 1e3:.0f}ms)", cause,
+                                         op="configure", rank=rank) from exc
+        return reuse.excluded(offers) if mine is not None else None
 
     def abort(self, errored: bool = True) -> None:
         """End every call in flight with an error, close the links at once."""
