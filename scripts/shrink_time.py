@@ -13,7 +13,12 @@ makes one all_reduce of 4 bytes on the new group. Per run, the slowest survivor'
 
 Prints one JSON line per world size: the median of ``--repeat`` runs, the runs, and the load.
 
+``--one-at-a-time``: the survivors shrink in turn, ``--gap`` apart (after every rank has seen the
+victim gone), so that one call's wall time is not the wait for a core that the N - 2 other
+survivors, shrinking at the same moment on 2 cores, hold: the call's own time, by N.
+
     python scripts/shrink_time.py --ranks 4 8 16 32 --repeat 5
+    python scripts/shrink_time.py --ranks 4 8 16 32 --repeat 5 --one-at-a-time
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import time
 
 import numpy as np
 
-from linkescape import LinkEscapeError
+from linkescape import LinkEscapeError, ReduceOp
 from linkescape.testing import RankError, run_ranks
 
 
-def _rank(comm, victim):
+def _rank(comm, victim, gap=0.0):
     comm.all_reduce(np.ones(4, np.float32))
+    # one reference time for every rank (the latest clock): turns are counted from it
+    base = np.array([time.time()], np.float64)
+    comm.all_reduce(base, op=ReduceOp.MAX)
     if comm.rank == victim:
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -42,6 +50,9 @@ def _rank(comm, victim):
     except LinkEscapeError:
         pass
     failed = time.time() - killed
+    if gap:
+        turn = comm.rank - (comm.rank > victim)
+        time.sleep(max(0.0, base[0] + 3.0 + turn * gap - time.time()))
     t0, c0 = time.perf_counter(), time.thread_time()
     new = comm.shrink([victim])
     t1, c1 = time.perf_counter(), time.thread_time()
@@ -53,10 +64,10 @@ def _rank(comm, victim):
     return {"shrink_s": t1 - t0, "shrink_cpu_s": c1 - c0, "ready_s": t2 - t0, "failed_s": failed}
 
 
-def measure(n: int, repeat: int) -> dict:
+def measure(n: int, repeat: int, gap: float = 0.0) -> dict:
     runs = []
     for _ in range(repeat):
-        out = run_ranks(n, _rank, n // 2, timeout=300)
+        out = run_ranks(n, _rank, n // 2, gap, timeout=300)
         surv = [o for o in out if not isinstance(o, RankError)]
         bad = [o for o in surv if isinstance(o, BaseException)]
         if bad:
@@ -64,7 +75,7 @@ def measure(n: int, repeat: int) -> dict:
         runs.append({"shrink_ms": round(max(o["shrink_s"] for o in surv) * 1e3, 2),
                      "shrink_cpu_ms": round(statistics.median(o["shrink_cpu_s"] for o in surv) * 1e3, 3),
                      "ready_ms": round(max(o["ready_s"] for o in surv) * 1e3, 1)})
-    return {"ranks": n, "shrink_ms_median": statistics.median(r["shrink_ms"] for r in runs),
+    return {"ranks": n, "one_at_a_time": bool(gap), "shrink_ms_median": statistics.median(r["shrink_ms"] for r in runs),
             "shrink_cpu_ms_median": statistics.median(r["shrink_cpu_ms"] for r in runs),
             "ready_ms_median": statistics.median(r["ready_ms"] for r in runs), "runs": runs,
             "load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
@@ -74,9 +85,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16, 32])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--one-at-a-time", action="store_true", help="the survivors shrink in turn, --gap apart")
+    ap.add_argument("--gap", type=float, default=0.05, help="seconds between two survivors' turns")
     args = ap.parse_args()
     for n in args.ranks:
-        print(json.dumps(measure(n, args.repeat)), flush=True)
+        print(json.dumps(measure(n, args.repeat, args.gap if args.one_at_a_time else 0.0)), flush=True)
 
 
 if __name__ == "__main__":

@@ -100,3 +100,13 @@ def test_a_rail_repaired_just_before_the_last_one_fails_is_dialed_again_at_once(
     rep, text = _replay("stranded_after_repair.json", tmp_path)
     assert _violations(rep, ("path_left",)) == 0, text
     assert rep["exit_code"] == 0, text
+
+
+def test_failback_after_a_flap_stays_within_its_bound(tmp_path):
+    """Seed 317 (3 min): rank 3's gather stalled 169 ms (bound 100 ms + 56 ms of noise) while host 3's
+    rail 0 flapped (cut, period 0.54 s) right after host 1's rail 1 flapped (black hole): a step
+    that failed back onto the flapping rail waited for TCP's retransmission timeouts."""
+    rep, text = _replay("failback_after_flap_317.json", tmp_path)
+    assert _violations(rep, ("failback", "flap", "path_left")) == 0, text
+    assert rep["false_trips"]["count"] == 0, text
+    assert rep["exit_code"] == 0, text

@@ -51,6 +51,7 @@ def _check(rep):
     assert 3 in lost["participants"], lost  # training went on with 3 groups
     assert lost["rejoined_s"] is not None, lost  # and the host trained with them again
     assert lost["healed_from_peer"], lost  # through torchft's recovery
+    assert lost["configures"] == ["shrunk"], lost  # the quorums without it kept the others' links
     assert rep["same_parameters"], rep["final_steps"]
     assert len(set(rep["final_steps"].values())) == 1, rep["final_steps"]
 

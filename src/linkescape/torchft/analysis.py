@@ -79,6 +79,11 @@ def analyse(result: Dict[str, Any], observer: int = 0) -> Dict[str, Any]:
             lost = recs.get(f["host"]) or recs.get(str(f["host"])) or []
             healed = _first(lost, f["repaired"] or f["at"], lambda r: r.get("healing"))
             row["healed_from_peer"] = healed is not None
+            # how the quorums without the host got their group: "shrunk" (links kept) or "built"
+            row["configures"] = sorted({r["configure"] for r in _steps(mine)
+                                        if f["at"] <= r["t"] and r.get("configure")
+                                        and (r.get("participants") or hosts) < hosts
+                                        and (f.get("repaired") is None or r["t"] < f["repaired"])})
         rows.append(row)
     finals = result.get("finals") or {}
     digests = {str(h): (v or {}).get("params_sha256") for h, v in finals.items()}

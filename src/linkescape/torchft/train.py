@@ -139,7 +139,8 @@ def main(argv=None) -> int:
                 rec = {"committed": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 time.sleep(0.2)
             rec.update(t=time.time(), step=manager.current_step(), quorum_id=manager._quorum_id,
-                       participants=_safe(manager.num_participants), healing=bool(manager._healing))
+                       participants=_safe(manager.num_participants), healing=bool(manager._healing),
+                       configure=getattr(pg, "last_configure", None))
             log.write(json.dumps(rec) + "\n")
             if args.stop_file and os.path.exists(args.stop_file):
                 try:
