@@ -57,11 +57,11 @@ class Rig:
         for rail in range(nrails):
             self.open(rail)
 
-    def open(self, rail: int, peer_expected=None):
+    def open(self, rail: int, peer_expected=None, epoch: int = 1):
         a, b = socket.socketpair()
         a.setblocking(False)
         b.setblocking(False)
-        link = Link(a, 1, rail, 1, self.clock.now())
+        link = Link(a, 1, rail, epoch, self.clock.now())
         self.remote[rail] = b
         self.links[rail] = link
         return self.peer.open_link(link, peer_expected)
@@ -625,13 +625,12 @@ def test_the_lower_rank_tells_the_dialer_a_link_it_dropped_is_gone_whenever_a_li
 
 
 def test_the_dialer_never_tells_and_ignores_a_notice_about_a_newer_link(rig):
-    rig.env.rank = 2  # we dial rank 1's links
+    rig.env.rank = rig.peer.paths.me = 2  # we dial rank 1's links
     rig.frames_at_remote(0)
     rig.peer.link_failed(1, Ev.TIMEOUT, "silent")
     assert _stale_notices(rig, 0) == []
-    rig.env.rank = 0
-    rig.open(1, peer_expected=1)
-    rig.links[1].epoch = 3  # a re-dialed link, newer than what the notice speaks of
+    rig.env.rank = rig.peer.paths.me = 0
+    rig.open(1, peer_expected=1, epoch=3)  # a re-dialed link, newer than what the notice speaks of
     out = rig.send(0, pack_header(NOTIFY_STALE, 0, 0, arg=1 | 2 << 8))
     assert not [e for e in events(out) if e[0] == "link_down"] and rig.peer.links[1] is rig.links[1]
 
@@ -744,7 +743,7 @@ def test_the_last_rail_lost_dials_the_down_ones_again_at_once():
     pair's links (it is the higher rank), and does so now, not when rail 0's back-off ends."""
     r = Rig(nrails=2)
     try:
-        r.env.rank = 2  # the higher rank of the pair: it re-dials
+        r.env.rank = r.peer.paths.me = 2  # the higher rank of the pair: it re-dials
         out = r.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))  # the peer's rail 0 lost carrier
         assert not any(isinstance(o, NoPath) for o in out) and not r.peer.stranded
         st = r.peer.status[0]

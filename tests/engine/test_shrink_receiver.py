@@ -148,7 +148,7 @@ def test_excluding_a_rank_frees_the_relay_room_its_queued_frames_held(rig):
     links read on (before: held forever, rank 5 blocked forever)."""
     link = rig.links[0]
     link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    rig.peer.active = [0]
+    rig.peer.paths.active = [0]
     relays = rig.relays
     frame = memoryview(bytearray(4 << 20))
     assert relays.forward(5, 1, frame) is link

@@ -45,7 +45,7 @@ from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
                        RecvDone, Redial, Relayed, RelayEnded, RelayReset, Unreachable)
-from .peer import INF, STRANDED_BACKOFF, Matcher, PeerChannel, PeerEnv
+from .peer import INF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
 
@@ -255,7 +255,7 @@ class Engine:
         now, as it re-opens links that went down (no event: they never failed)."""
         now = self.clock.now()
         for rank, rail in pairs:
-            self.peers[rank].status[rail].await_first(now)
+            self.peers[rank].paths.await_first(rail, now)
             self.down.add((rank, rail))
         if pairs:
             self.recovery_signal.set()
@@ -287,16 +287,12 @@ class Engine:
 
     def local_rail_up(self, rail: int) -> None:
         """Our NIC on ``rail`` is back: retry its links at once, tell the peers."""
-        now = self.clock.now()
         self.rail_word.set(rail, False)
         self.env.local_down &= ~(1 << rail)
         for peer_rank, r in list(self.down):
             if r == rail:
                 peer = self.peers[peer_rank]
-                st = peer.status[rail]
-                if st.state is State.DOWN:
-                    st.next_probe = now
-                    st.backoff = 0.0
+                if peer.rail_back(rail):
                     self._apply(peer, peer.notify(NOTIFY_UP, rail))
         self.recovery_signal.set()
 
@@ -312,12 +308,7 @@ class Engine:
         """A re-dial failed: ``refused`` (nobody listens), or ``answered`` (the peer's kernel
         accepted the connection, the handshake did not complete)."""
         peer = self.peers[peer_rank]
-        st = peer.status[rail]
-        if st.state is State.DOWN:
-            now = self.clock.now()
-            st.apply(Ev.PROBE, now)
-            cap = min(self.config.reconnect_max, STRANDED_BACKOFF) if peer.stranded else self.config.reconnect_max
-            st.apply(Ev.PROBE_FAILED, now, backoff_min=0.05, backoff_max=cap)
+        peer.paths.dial_failed(rail, self.clock.now(), peer.stranded)
         self.listener_probed(peer_rank, rail, refused, answered)
 
     def listener_probed(self, peer_rank: int, rail: int, refused: bool, answered: bool = False) -> None:
@@ -342,10 +333,7 @@ class Engine:
         peer = self.peers.get(peer_rank)
         if peer is None or peer.lost is not None:
             return None
-        st = peer.status[rail]
-        if st.state is not State.DOWN:
-            return None
-        return st.next_probe, st.never_up
+        return peer.paths.redial_due(rail)
 
     def stranded(self, peer_rank: int) -> bool:
         """(any thread, no lock) ``peer_rank`` has no rail and no relay now: its re-dials

@@ -1,7 +1,10 @@
 """One connected peer, as Gloo's Pair: it owns its links (one per rail), the
-reliable channel of both directions, its route (its rails, or a relay
-through a third rank when no rail is left), and its data path (``sender``:
-a Sender, ``receiver``: a Receiver).
+reliable channel of both directions, its data path (``sender``: a Sender,
+``receiver``: a Receiver), and its paths (``paths``: a
+``protocol.paths.PeerPaths``, the escape policy of the pair: link states,
+holds, the route over its rails or through a relay). This is the I/O shell
+around ``paths``: it tells it what the links did, and carries out what it
+decides (``_apply_paths``); the engine reads the route, never writes it.
 
 A peer never reaches into the engine. What it needs is given to it when it
 is built (``PeerEnv``: config, clock, policy, descriptors, the rank's rail
@@ -22,11 +25,12 @@ from typing import Callable, List, Optional
 
 from ..errors import FrameAuthError, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
+from ..protocol import paths as P
 from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_STALE, NOTIFY_UP, PEER_LOST,
                                RELAY_RESET, RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
-from ..protocol.grey import GreyDetector, Hold
-from ..protocol.linkstate import Ev, LinkStatus, PathPolicy, State
-from ..protocol.railstate import PeerRails
+from ..protocol.grey import GreyDetector
+from ..protocol.linkstate import Ev, PathPolicy, State
+from ..protocol.paths import AVOID_MASK, CAUSE, LOAD_SHIFT, PeerPaths
 from ..protocol.relaymac import PairKeys, Unknown
 from ..transport.tcp import ack_now, ack_silence
 from .io import POLLERR, POLLIN, POLLOUT
@@ -35,21 +39,16 @@ from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostRepor
                        Redial, RelayReset, Unreachable)
 from .messages import EPOCH_SHIFT
 from .receiver import Receiver, Unexpected
-from .peer_timers import AVOID_MASK, LOAD_SHIFT, PeerTimers
+from .peer_timers import PeerTimers
 from .sender import Sender
 
 log = logging.getLogger("linkescape.engine")
-
-CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT,
-                                 Ev.PROTOCOL_ERROR, Ev.DEGRADED)}
 
 __all__ = ["PeerChannel", "PeerEnv", "Matcher", "Unexpected", "CAUSE", "failure_event"]
 
 #: a peer whose links carry nonsense this many times within the window fails the communicator
 PROTOCOL_ERROR_LIMIT = 3
 PROTOCOL_ERROR_WINDOW = 60.0
-#: its arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
-STALE_RAIL_BITS = 8
 INF = float("inf")
 #: While a peer has no rail and no relay (stranded), a re-dial's connect is given up after this
 #: and the next one starts at most STRANDED_BACKOFF later: a SYN sent into a black hole is sent
@@ -150,30 +149,18 @@ class PeerChannel(PeerTimers):
         self.outbound = SendChannel()
         self.inbound = RecvChannel()
         self.links: List[Optional[Link]] = [None] * nrails
-        self.status: List[LinkStatus] = [LinkStatus(rail=r) for r in range(nrails)]
+        #: the escape policy of the pair (protocol/paths.py): link states, holds, the route
+        self.paths = PeerPaths(env.rank, rank, nrails, env.policy, holddown=env.config.failback_holddown,
+                               reconnect_max=env.config.reconnect_max, stranded_backoff=STRANDED_BACKOFF)
         self.sender = Sender(self)
         self.receiver = Receiver(self)
-        #: rails that carry our traffic now, best first (empty: no rail)
-        self.active: List[int] = []
-        #: the third rank our traffic goes through while no rail is left
-        self.relay: Optional["RelayPath"] = None
         self.relay_heard = 0.0
         #: what the peer advertised of its relay load (pairs it passes on)
         self.relay_load = 0
-        self.no_path_since: Optional[float] = None
         #: when an acknowledgement owed (and not sent along with a frame) goes alone
         self.ack_due = 0.0
         self.closed_by_peer = False
-        #: when the last link ended with FIN/RST (a dead process, or a peer
-        #: that dropped links it believed dead and will re-dial)
-        self.eof_since: Optional[float] = None
         self.lost: Optional[BaseException] = None
-        self.peer_rails = PeerRails()
-        #: grey failure: rails held out of service (degraded) by us, and by the
-        #: peer (from its heartbeats: level state), as bitmasks
-        self.avoid = 0
-        self.peer_avoid = 0
-        self.holds: List[Hold] = [Hold(base=env.config.failback_holddown) for _ in range(nrails)]
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
         #: frames claiming to be this peer's that another rank passed on while our path to it was healthy
@@ -188,9 +175,78 @@ class PeerChannel(PeerTimers):
         #: a frame was applied: parked links may be able to go on (see ``_done``)
         self.resume_wanted = False
         self._out: list = []
-        #: (we accept this peer's links: it is the higher rank) per rail, the
-        #: epoch of the last link we dropped (0: none): see ``tell_stale``
-        self.dropped_epoch: List[int] = [0] * nrails
+
+    # ------------------------------------------------------------ the route (read-only: ``paths`` owns it)
+    @property
+    def status(self):
+        return self.paths.status
+
+    @property
+    def active(self) -> List[int]:
+        """Rails that carry our traffic now, best first (empty: no rail)."""
+        return self.paths.active
+
+    @property
+    def relay(self) -> Optional["RelayPath"]:
+        """The third rank our traffic goes through while no rail is left."""
+        return self.paths.relay
+
+    @property
+    def no_path_since(self) -> Optional[float]:
+        return self.paths.no_path_since
+
+    @property
+    def eof_since(self) -> Optional[float]:
+        """When the last link ended with FIN/RST (a dead process, or a peer that dropped links it
+        believed dead and will re-dial)."""
+        return self.paths.eof_since
+
+    @property
+    def avoid(self) -> int:
+        """Rails we hold out of service (grey failure), a bitmask."""
+        return self.paths.avoid
+
+    @property
+    def peer_avoid(self) -> int:
+        return self.paths.peer_avoid
+
+    @property
+    def peer_rails(self):
+        return self.paths.peer_rails
+
+    @property
+    def holds(self):
+        return self.paths.holds
+
+    def _apply_paths(self) -> None:
+        """Carry out what ``paths`` decided, in order."""
+        for act in self.paths.take():
+            kind = type(act)
+            if kind is P.Emit:
+                extra = act.extra
+                if act.event == "no_path":
+                    extra = dict(extra, since=self.env.clock.wall())
+                self._out.append(Emit(act.event, act.rail, act.cause, extra))
+            elif act is P.REPLAY:
+                self.sender.replay = True
+            elif kind is P.Fail:
+                link = self.links[act.rail] if act.rail < len(self.links) else None
+                if link is not None:
+                    self.link_down(link, act.ev, detail=act.detail)
+            elif kind is P.Control:
+                link = self.links[act.rail]
+                if link is not None:
+                    self.sender.control(link, act.kind, arg=act.arg)
+            elif act is P.REDIAL:
+                self.report(Redial())
+            elif act is P.NO_PATH:
+                self.report(NoPath())
+            elif act is P.PATH_BACK:
+                self.report(PathBack())
+            elif kind is P.RelayEnded:
+                self.report(RelayEnded(act.route, act.why))
+            else:  # pragma: no cover - a new action without its shell
+                raise TypeError(f"no shell for {act!r}")
 
     # ------------------------------------------------------------ outcomes
     def report(self, outcome) -> None:
@@ -300,37 +356,28 @@ class PeerChannel(PeerTimers):
         now = self.env.clock.now()
         rail = link.rail
         old = self.links[rail]
-        status = self.status[rail]
         reopened = peer_expected is not None
         if old is not None:
             if reopened:  # the peer re-dialed, so it considers the old connection dead
                 self.link_down(old, Ev.SOCKET_ERROR, detail="replaced by a new connection")
             else:
                 self._drop(old)
-        cause = status.down_cause
-        first = status.never_up  # its first connection (a backup opened after start-up): no event
-        status.apply(Ev.CONNECTED, now)
         self.links[rail] = link
         if link.pair_key:  # (the peer holds it once the link carried a frame of its: we seal with it then)
             self.pairs.add(rail, link.epoch, link.pair_key, heard=lambda link=link: link.bytes_received > 0)
         self.env.io.add_link(link)
         self.report(LinkUp(rail))
         link.grey = GreyDetector(self.env.rail_rates[rail])
-        self.holds[rail].new_link(now)
-        if self.avoid:
-            # tell the peer at once which rails we hold out (heartbeats repeat it)
-            self._beat(link)
         if reopened:
-            self.eof_since = None
             out = self.outbound
             if out.acked < peer_expected - 1 <= out.last_seq:
                 out.on_ack(peer_expected - 1)  # the peer has all below: replay less
-        self.tell_stale()  # a path the peer can hear it on
-        if reopened and not first:
-            self._emit("link_up", rail, CAUSE.get(cause), epoch=link.epoch)
-            self.reroute(now, cause=CAUSE.get(cause))
-        else:
-            self.reroute(now, opened=rail if first else None)
+        self.paths.opened(rail, link.epoch, now, reopened)
+        if self.avoid:
+            # tell the peer at once which rails we hold out (heartbeats repeat it)
+            self._beat(link)
+        self.paths.tell_stale(self.env.local_down)  # a path the peer can hear it on
+        self._apply_paths()
         self.sender.pump()
         return self._done()
 
@@ -355,23 +402,11 @@ class PeerChannel(PeerTimers):
         if not link.open or self.links[link.rail] is not link:
             return
         now = self.env.clock.now()
-        was_active = link.rail in self.active
-        if ev in (Ev.TIMEOUT, Ev.DEGRADED):
-            # back only once clean: a lossy rail must not flap
-            self.holds[link.rail].trip(now)
-            self.avoid |= 1 << link.rail
-        self.status[link.rail].apply(ev, now, backoff_max=self.env.config.reconnect_max)
         self._drop(link, close=close)
-        if self.env.rank < self.rank:
-            # (the peer hears of it now, if a link is left, from NOTIFY_SILENT/NOTIFY_DOWN, its carrier,
-            # or our FIN: each with its cause; ``tell_stale`` repeats it from the next link up)
-            self.dropped_epoch[link.rail] = link.epoch
-        self._emit("link_down", link.rail, CAUSE[ev], detail=detail)
-        self.sender.replay = True
         # A link parked on a frame ahead may have waited for this one.
         self.resume_wanted = True
-        self.reroute(now, cause=CAUSE[ev], moved_from=link.rail if was_active else None)
-        self.report(Redial())  # Recovery sleeps until a link is down
+        self.paths.failed(link.rail, ev, now, detail)  # (its state, the event, the new route, a re-dial)
+        self._apply_paths()
 
     def link_failed(self, rail: int, ev: Ev, detail: str, close: bool = True):
         """(engine) The link on ``rail`` failed for a reason found outside it
@@ -386,49 +421,9 @@ class PeerChannel(PeerTimers):
 
     def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None,
                 opened: Optional[int] = None, held_out: int = 0) -> None:
-        """Choose the rails that carry (or the relay). ``moved_from``: the active
-        rail whose link just went down; ``held_out``: rails the peer just held
-        out (grey) while their links stay up: leaving one is a failover too."""
-        policy = self.env.policy
-        old = self.active
-        held = self.avoid | self.peer_avoid
-        new = policy.choose(self.status, now, held)
-        if self.relay is not None:
-            if new and (not self.relay.confirmed or any(policy.eligible(self.status[r], now) for r in new)):
-                self._relay_off("path_back")  # a rail is back (and past its hold-down, if the relay works)
-            else:
-                self.active = []
-                return  # the relay carries the traffic until then
-        self.active = new
-        if not new:
-            if self.no_path_since is None:
-                self.no_path_since = now
-                self._emit("no_path", moved_from if moved_from is not None else -1, cause or "socket_error",
-                           since=self.env.clock.wall())
-                self.report(NoPath())
-                self._redial_now()
-            return
-        if self.no_path_since is not None:
-            self.no_path_since = None
-            self.sender.replay = True
-            self.report(PathBack())
-        if moved_from is not None:
-            self.sender.replay = True  # what was on the dead link is lost: resend all unacked
-        if old and new != old:
-            left = [r for r in old if r not in new and held_out >> r & 1]
-            if moved_from is not None:
-                self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
-            elif left:
-                # the peer found the rail lossy or silent before we did: its
-                # link is still up here, but traffic moved off it all the same
-                self._emit("failover", new[0], cause or "degraded", from_rail=left[0])
-            elif (new[0] == policy.primary or (policy.stripe and len(new) > len(old))) and any(
-                    r != opened for r in new if r not in old):
-                # (a rail whose first link just opened is not failed back to: a primary link opened
-                # after start-up, once a backup came up first)
-                self._emit("failback", new[0], None, from_rail=old[0])
-        elif not old and moved_from is not None:
-            self._emit("failover", new[0], cause or "socket_error", from_rail=moved_from)
+        """Choose the rails that carry (or the relay): ``PeerPaths.reroute``."""
+        self.paths.reroute(now, cause=cause, moved_from=moved_from, opened=opened, held_out=held_out)
+        self._apply_paths()
 
     def notify(self, kind: int, rail: int):
         """Tell the peer about our NIC on ``rail`` over another rail, if one is left."""
@@ -481,30 +476,17 @@ class PeerChannel(PeerTimers):
         of the peer's that comes back through a relay, so a rank that
         cannot reach the peer (it says so: RELAY_UNREACH) or a peer that is
         gone never looks relayed."""
-        self.relay = path
         self.relay_heard = self.env.clock.now()
-        self.active = []
-        self.sender.replay = True
+        self.paths.relay_started(path, self.relay_heard)
+        self._apply_paths()
         self.sender.pump()
         self._beat()
         path.last_sent = self.relay_heard
         return self._done()
 
     def _relay_confirmed(self) -> None:
-        path = self.relay
-        path.confirmed = True
-        self._emit("relay_on", -1, None, via=path.via)
-        if self.no_path_since is not None:
-            self.no_path_since = None
-            self.report(PathBack())
-
-    def _relay_off(self, why: str) -> None:
-        path = self.relay
-        self.relay = None
-        self.sender.replay = True
-        if path.confirmed:
-            self._emit("relay_off", -1, why, via=path.via, bytes=path.bytes)
-        self.report(RelayEnded(path, why))
+        self.paths.relay_confirmed()
+        self._apply_paths()
 
     def relay_lost(self, via: int, why: str):
         """The relay through ``via`` cannot carry our frames any more (it
@@ -513,10 +495,8 @@ class PeerChannel(PeerTimers):
         return self._done()
 
     def _relay_lost(self, via: int, why: str) -> None:
-        path = self.relay
-        if path is not None and path.via == via:
-            self._relay_off(why)
-            self.reroute(self.env.clock.now(), cause=why)
+        if self.paths.relay_lost(via, why, self.env.clock.now()):
+            self._apply_paths()
             self.sender.pump()
 
     def replay_now(self):
@@ -603,13 +583,8 @@ class PeerChannel(PeerTimers):
         # rail); the accepting side waits briefly for a re-dial, which a live
         # peer that merely dropped a link it believed dead would make.
         if not self.live_links() and self.lost is None and self.eof_since is None:
-            now = self.env.clock.now()
-            self.eof_since = now
-            if self.env.rank > self.rank:
-                for st in self.status:
-                    if st.state is State.DOWN:
-                        st.next_probe = now
-                self.report(Redial())
+            self.paths.ended(self.env.clock.now())
+            self._apply_paths()
 
     def relay_agreed(self) -> bool:
         """Whether we take a frame of this peer without an end-to-end MAC (a pair that never
@@ -684,12 +659,9 @@ class PeerChannel(PeerTimers):
                 # the sender's silence check waits for our kernel's ack of it: not a delayed one
                 ack_now(link.sock)
             self.relay_load = arg >> LOAD_SHIFT
-            avoid = arg & AVOID_MASK
-            if avoid != self.peer_avoid:
-                newly = avoid & ~self.peer_avoid
-                self.peer_avoid = avoid
+            if self.paths.peer_held(arg & AVOID_MASK, self.env.clock.now()):
                 self.env.soon(0.0)  # a rail held out: the timers keep a close eye on the peer
-                self.reroute(self.env.clock.now(), held_out=newly)
+                self._apply_paths()
                 self.sender.pump()
         elif kind == BYE:
             # The peer drained before saying BYE: whatever we still wait for
@@ -697,26 +669,11 @@ class PeerChannel(PeerTimers):
             self.closed_by_peer = True
             self.lost = PeerLost(f"rank {self.rank} closed its communicator", peer=self.rank)
             self.report(Closed(self.lost))
-        elif kind == NOTIFY_DOWN:
-            other = self.links[arg] if arg < len(self.links) else None
-            if other is not None:
-                self.link_down(other, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
-        elif kind == NOTIFY_SILENT:
-            other = self.links[arg] if arg < len(self.links) else None
-            if other is not None:
-                self.link_down(other, Ev.TIMEOUT, detail="the peer found the link silent")
+        elif kind in (NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_UP, NOTIFY_STALE):
+            self.paths.notice(kind, arg, self.env.clock.now())
+            self._apply_paths()
         elif kind == PEER_LOST:
             self.report(LostReported(arg))
-        elif kind == NOTIFY_UP:
-            if arg < len(self.status):
-                self._retry_now(arg)
-        elif kind == NOTIFY_STALE:
-            rail, epoch = arg & ((1 << STALE_RAIL_BITS) - 1), arg >> STALE_RAIL_BITS
-            other = self.links[rail] if rail < len(self.links) else None
-            if other is not None and other.epoch <= epoch:
-                self.link_down(other, Ev.SOCKET_ERROR, detail=f"rank {self.rank} has no link on rail {rail} since "
-                                                             f"epoch {epoch}: it closed its end while no frame "
-                                                             f"could reach us")
         elif kind == RELAY_UNREACH:
             self.report(Unreachable(arg))
         elif kind == RELAY_RESET:
@@ -726,66 +683,27 @@ class PeerChannel(PeerTimers):
                 self.report(RelayReset(arg))
 
     def tell_stale(self) -> None:
-        """Level state for the dialer of our links (we are the lower rank): on
-        a rail where we have no link (we dropped epoch E) while our NIC and
-        the peer's have carrier, the peer either re-dials already (it ignores
-        this) or still holds epoch E, which is gone: we closed our end (our
-        NIC lost carrier, we found it silent) while no frame could reach it,
-        and it re-dials only once it finds out, which a link idle in its
-        kernel (a closed window, a backup not probed yet) may take seconds to
-        show. Told over a live link whenever that can newly reach the peer or
-        newly be true: a link comes up, our NIC or the peer's is back (when we
-        drop a link, the peer hears of it with its cause: NOTIFY_SILENT,
-        NOTIFY_DOWN, a FIN). A notice lost with its link is told again over
-        the next link up; no timer, nothing periodic."""
-        if self.env.rank > self.rank:
-            return
-        live = self.live_links()
-        if not live:
-            return
-        held = self.env.local_down
-        for rail, link in enumerate(self.links):
-            epoch = self.dropped_epoch[rail]
-            if link is not None or not epoch or held >> rail & 1 or self.peer_rails.is_down(rail):
-                continue
-            carrier = next((l for l in live if l.rail != rail), None)
-            if carrier is not None:
-                epoch = min(epoch, (1 << (32 - STALE_RAIL_BITS)) - 1)
-                self.sender.control(carrier, NOTIFY_STALE, arg=rail | epoch << STALE_RAIL_BITS)
+        """Where we dropped a link the peer may still hold, tell it over a live link
+        (``PeerPaths.tell_stale``: level state, nothing periodic)."""
+        self.paths.tell_stale(self.env.local_down)
+        self._apply_paths()
 
     @property
     def stranded(self) -> bool:
         """No rail carries our traffic and no relay does (re-dials go at STRANDED_CONNECT's pace)."""
-        return self.no_path_since is not None and self.relay is None and self.lost is None
+        paths = self.paths
+        return paths.no_path_since is not None and paths.relay is None and self.lost is None
 
-    def _redial_now(self) -> None:
-        """The last rail is gone: the links this rank re-dials (it is the higher rank) that
-        are down are dialed again now, not when a back-off grown during an earlier outage
-        ends (up to LINKESCAPE_RECONNECT_MAX_MS after a dial of up to half a second)."""
-        if self.env.rank > self.rank:
-            for rail in range(len(self.status)):
-                self._retry_now(rail)
-
-    def _retry_now(self, rail: int) -> None:
-        st = self.status[rail]
-        if st.state is State.DOWN:
-            st.next_probe = self.env.clock.now()
-            st.backoff = 0.0
-            self.report(Redial())
+    def rail_back(self, rail: int) -> bool:
+        """(engine) Our NIC on ``rail`` is back: dial its link again now if it is down."""
+        back = self.paths.retry_now(rail, self.env.clock.now())
+        self.paths.take()  # (the engine wakes Recovery itself)
+        return back
 
     def on_peer_rails(self, word: int) -> None:
         """The peer's rails without carrier, as every frame repeats them."""
-        down, up = self.peer_rails.apply(word)
-        for rail in down:
-            if rail < len(self.links):
-                link = self.links[rail]
-                if link is not None:
-                    self.link_down(link, Ev.PEER_CARRIER_DOWN, detail="peer NIC lost carrier")
-        for rail in up:
-            if rail < len(self.links):
-                self._retry_now(rail)
-        if up:
-            self.tell_stale()
+        self.paths.peer_word(word, self.env.clock.now(), self.env.local_down)
+        self._apply_paths()
 
     # ------------------------------------------------------------ state for operators
     def snapshot(self, now: float) -> dict:

@@ -25,9 +25,7 @@ log = logging.getLogger("linkescape.engine")
 RELAY_SILENT = 1.0
 #: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
 HELD_BEATS = 4
-#: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
-AVOID_MASK = 0xFF
-LOAD_SHIFT = 8
+# (bits of a HEARTBEAT's arg: protocol/paths.py, AVOID_MASK and LOAD_SHIFT)
 
 
 class PeerTimers:
@@ -55,19 +53,15 @@ class PeerTimers:
         """No fault being handled, no rail in hold-down, the path the policy
         would choose: the timers of a busy peer run only when one of its
         deadlines is due (``tick``); an unsettled one is looked at often."""
-        if self._faulted():
+        if self.receiver.stash:
             return False
         for link in self.links:
             if link is not None and (link.parked or link.hdr is not None):
                 return False
-        policy = self.env.policy
-        for st in self.status:
-            if st.state is State.UP and not policy.eligible(st, now):
-                return False
-        return policy.choose(self.status, now, 0) == self.active
+        return self.paths.settled(now)
 
     def _beat_arg(self) -> int:
-        return (self.avoid & AVOID_MASK) | (min(self.env.relaying, 0xFFFF) << LOAD_SHIFT)
+        return self.paths.beat_arg(self.env.relaying)
 
     def _beat(self, link: Optional[Link] = None) -> None:
         """A heartbeat (our avoid bits and relay load) on ``link``, or on the active path."""
@@ -202,8 +196,7 @@ class PeerTimers:
 
     def _faulted(self) -> bool:
         """No path, a relay, EOF, a rail held out (by either end), frames stashed."""
-        return bool(self.no_path_since is not None or self.relay is not None or self.eof_since is not None
-                    or self.avoid or self.peer_avoid or self.receiver.stash)
+        return self.paths.faulted() or bool(self.receiver.stash)
 
     def receiving(self) -> bool:
         """A frame is half read on one of our links (its sender waits for us to read on). A parked
@@ -218,11 +211,10 @@ class PeerTimers:
 
     def hold_sample(self, link: Link, now: float, retrans_segs: int, data_segs: int):
         """A held (degraded or silent) rail's link carries heartbeats: is it clean yet?"""
-        hold = self.holds[link.rail]
-        if hold.sample(now, retrans_segs, data_segs):
-            self.avoid &= ~(1 << link.rail)
-            log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, hold.length)
-            self._failback(now)
+        if self.paths.hold_sample(link.rail, now, retrans_segs, data_segs):
+            log.info("rank %d rail %d: clean again after %.1fs", self.rank, link.rail, self.holds[link.rail].length)
+            self._apply_paths()
+            self.sender.pump()
         return self._done()
 
     def degraded(self, link: Link):
@@ -234,8 +226,7 @@ class PeerTimers:
         return self._done()
 
     def other_clean_rail(self, rail: int) -> bool:
-        held = self.avoid | self.peer_avoid
-        return any(l.rail != rail and not held >> l.rail & 1 for l in self.live_links())
+        return self.paths.other_clean_rail(rail)
 
     def _silent(self, link: Link, now: float, blind: bool) -> bool:
         """Silent loss: our bytes (data or a heartbeat) wait for the peer's
@@ -275,13 +266,6 @@ class PeerTimers:
         return self._done()
 
     def _failback(self, now: float) -> None:
-        policy = self.env.policy
-        held = self.avoid | self.peer_avoid
-        if self.relay is not None:
-            new = policy.choose(self.status, now, held)
-            if new and (not self.relay.confirmed or any(policy.eligible(self.status[r], now) for r in new)):
-                self.reroute(now)
-                self.sender.pump()
-        elif self.active and policy.choose(self.status, now, held) != self.active:
-            self.reroute(now)
+        if self.paths.failback(now):
+            self._apply_paths()
             self.sender.pump()
