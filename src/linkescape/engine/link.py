@@ -183,6 +183,10 @@ class Link:
                     if nxt.pos:
                         break
                     if mac is not None:
+                        if nxt.total >= 65536 and nxt.tag is None:
+                            # a frame sealed here has its place fixed: an acknowledgement or a
+                            # notice queued later cannot overtake it, so only small ones go along
+                            break
                         if nxt.tag is None:
                             nxt.tag = mac.seal(nxt.header, nxt.frame.payload) if nxt.frame is not None \
                                 else mac.seal(nxt.header)
