@@ -351,7 +351,7 @@ class Communicator:
                 seq = msg = (self._epoch << EPOCH_SHIFT) + self._seq
             if timeout is None:
                 timeout = getattr(self._call, "timeout", None) or self.config.timeout
-            deadline = time.monotonic() + timeout
+            deadline = self._engine.clock.now() + timeout  # (the engine judges it by its clock)
             op = Op(seq, name, deadline, collective=not p2p, need_ack=rooted)
             # The thresholds choose the schedule: ranks configured differently
             # must get a mismatch error, not wait for messages never sent.

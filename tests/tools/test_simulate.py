@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from linkescape.cli import main
 from linkescape.tools.baselines import modes
-from linkescape.tools.simulate import Fault, SimParams, draw_faults, play, simulate
+from linkescape.tools.simulate import Failure, SimParams, draw_faults, play, simulate
 
 T = 100.0  # hours
 # one host of 8 GPUs, 2 rails, no drawn faults; checkpoint every 4 h of progress (written for free),
@@ -33,7 +33,7 @@ def test_no_fault():
 
 
 def test_single_rail_faults_by_hand():
-    faults = [Fault(10.0, 0, "cable", 0, 2.0), Fault(50.0, 0, "optic", 1, 2.0)]
+    faults = [Failure(10.0, 0, "cable", 0, 2.0), Failure(50.0, 0, "optic", 1, 2.0)]
     # restart: at 10 h, 2 h since the checkpoint at 8 h are lost, back at 11 h; at 50 h, 39 h
     # after the restart, 3 h since the checkpoint at 36 h (of those 39) are lost; back at 51 h
     assert ettr(HAND, faults, False) == pytest.approx((10 - 2 + 39 - 3 + 49) / T)
@@ -47,7 +47,7 @@ def test_single_rail_faults_by_hand():
 
 def test_the_stall_of_each_escape_is_counted():
     p = replace(HAND, escape_stall_ms=3.6e6)  # one hour, to see it
-    faults = [Fault(10.0, 0, "cable", 0, 2.0)]
+    faults = [Failure(10.0, 0, "cable", 0, 2.0)]
     assert ettr(p, faults, True) == pytest.approx((100 - 2 / 3 - 2 * (1 - 2 / 3)) / T)
 
 
@@ -56,7 +56,7 @@ def test_checkpoint_writes_cost_their_share():
     p = replace(HAND, checkpoint_write_s=0.4 * 3600)
     assert ettr(p, [], False) == pytest.approx(4 / 4.4)
     # an interruption at 22 h: 20 h of progress, 4 h since the checkpoint at 16 h are lost... 20 mod 4 = 0
-    r = play(p, [Fault(22.0, 0, "other")], False)
+    r = play(p, [Failure(22.0, 0, "other")], False)
     assert r.lost_work_hours == pytest.approx(math.fmod(22 * 4 / 4.4, 4.0))
 
 
@@ -68,17 +68,17 @@ def test_young_daly_interval():
 
 
 def test_a_second_fault_before_the_repair_interrupts():
-    faults = [Fault(10.0, 0, "cable", 0, 8.0), Fault(11.0, 0, "optic", 1, 8.0)]
+    faults = [Failure(10.0, 0, "cable", 0, 8.0), Failure(11.0, 0, "optic", 1, 8.0)]
     # at 11 h: 2 h (8 -> 10) + 1 h at 2/3 speed since the checkpoint are lost; back at 12 h
     r = play(HAND, faults, True)
     assert (r.interruptions, r.by_cause["isolated"], r.escaped) == (1, 1, 1)
     assert r.work_hours == pytest.approx(10 + 2 / 3 - (2 + 2 / 3) + 88)
     # the same rail twice is not a second rail
-    assert play(HAND, [Fault(10.0, 0, "cable", 0, 8.0), Fault(11.0, 0, "optic", 0, 8.0)], True).interruptions == 0
+    assert play(HAND, [Failure(10.0, 0, "cable", 0, 8.0), Failure(11.0, 0, "optic", 0, 8.0)], True).interruptions == 0
 
 
 def test_whole_host_faults_interrupt_both_alike_without_a_wait():
-    faults = [Fault(10.0, 0, "nic", None, 2.0), Fault(50.0, 0, "switch", None, 2.0), Fault(70.0, 0, "other")]
+    faults = [Failure(10.0, 0, "nic", None, 2.0), Failure(50.0, 0, "switch", None, 2.0), Failure(70.0, 0, "other")]
     expect = (10 - 2 + 39 - 3 + (70 - 51) - (19 % 4) + 29) / T
     assert ettr(HAND, faults, False) == pytest.approx(expect)
     assert ettr(HAND, faults, True) == pytest.approx(expect)
@@ -88,14 +88,14 @@ def test_whole_host_faults_interrupt_both_alike_without_a_wait():
 def test_the_no_path_wait():
     p = replace(HAND, no_path_s=1800.0)
     # a host loses every rail at 10 h for 2 h: the job waits 0.5 h, then fails: 2 h lost, back at 11.5 h
-    r = play(p, [Fault(10.0, 0, "switch", None, 2.0)], True)
+    r = play(p, [Failure(10.0, 0, "switch", None, 2.0)], True)
     assert (r.interruptions, r.waits, r.waits_resolved) == (1, 1, 0)
     assert r.wait_hours == pytest.approx(0.5) and r.work_hours == pytest.approx(10 - 2 + 88.5)
     # repaired after 0.25 h: the wait ends, nothing is lost but the quarter hour
-    r = play(p, [Fault(10.0, 0, "switch", None, 0.25)], True)
+    r = play(p, [Failure(10.0, 0, "switch", None, 0.25)], True)
     assert (r.interruptions, r.waits_resolved) == (0, 1) and r.work_hours == pytest.approx(99.75)
     # another interruption during the wait ends it
-    r = play(p, [Fault(10.0, 0, "switch", None, 2.0), Fault(10.2, 0, "other")], True)
+    r = play(p, [Failure(10.0, 0, "switch", None, 2.0), Failure(10.2, 0, "other")], True)
     assert r.by_cause == {"other": 1, "network": 0, "isolated": 0, "cross": 0}
     assert r.work_hours == pytest.approx(10 - 2 + 100 - 11.2)
 
@@ -103,7 +103,7 @@ def test_the_no_path_wait():
 def test_a_cross_fault_with_and_without_relay():
     # host 0 loses rail 0 at 10 h, host 1 rail 1 at 11 h (both for 8 h): no rail in common.
     ab = replace(TWO, policy="active-backup", relay=False)
-    faults = [Fault(10.0, 0, "cable", 0, 8.0), Fault(11.0, 1, "cable", 1, 8.0)]
+    faults = [Failure(10.0, 0, "cable", 0, 8.0), Failure(11.0, 1, "cable", 1, 8.0)]
     r = play(ab, faults, True)
     # without relay: an interruption at 11 h, 3 h since the checkpoint at 8 h lost, back at 12 h
     assert (r.interruptions, r.by_cause["cross"]) == (1, 1)
@@ -119,18 +119,18 @@ def test_a_cross_fault_with_and_without_relay():
 def test_a_switch_takes_a_rail_of_several_hosts():
     ab = replace(TWO, policy="active-backup")
     # a switch of two hosts loses rail 0 of both: escaped; then host 1 loses rail 1: isolated
-    r = play(ab, [Fault(10.0, 0, "switch", 0, 8.0, span=2), Fault(12.0, 1, "nic", 1, 24.0)], True)
+    r = play(ab, [Failure(10.0, 0, "switch", 0, 8.0, span=2), Failure(12.0, 1, "nic", 1, 24.0)], True)
     assert (r.escaped, r.by_cause["isolated"]) == (1, 1)
 
 
 def test_nccl_port_failover_by_hand():
     # 36 s to find the dead port, then the virtual NIC's other port: 0.5x, speed 2/3 until the repair
     p = replace(HAND, nccl_detect_s=36.0, policy="active-backup")
-    faults = [Fault(10.0, 0, "cable", 0, 2.0)]
+    faults = [Failure(10.0, 0, "cable", 0, 2.0)]
     r = play(p, faults, modes(p)["nccl"])
     assert r.interruptions == 0 and r.work_hours == pytest.approx(100 - 0.01 * 2 / 3 - 2 / 3)
     # one failed device per connection: a second fault on the host is fatal after the detection
-    r = play(p, faults + [Fault(11.0, 0, "nic", 1, 8.0)], modes(p)["nccl"])
+    r = play(p, faults + [Failure(11.0, 0, "nic", 1, 8.0)], modes(p)["nccl"])
     assert (r.interruptions, r.by_cause["isolated"]) == (1, 1)
     # only inside merged virtual NICs
     assert play(replace(p, nccl_merged_share=0.0), faults, "nccl").interruptions == 1
@@ -140,21 +140,21 @@ def test_drain_swaps_a_degraded_host_at_the_next_checkpoint():
     p = replace(HAND, drain=True)
     # at 10 h, 2 h since the checkpoint: 2 more at 2/3 speed is 3 h: swapped at 13 h, no work
     # lost, back at 14 h (staying degraded for the 8 h repair would cost 8/3 h > the 1 h restart)
-    r = play(p, [Fault(10.0, 0, "cable", 0, 8.0)], True)
+    r = play(p, [Failure(10.0, 0, "cable", 0, 8.0)], True)
     assert (r.planned_restarts, r.interruptions) == (1, 0)
     assert r.work_hours == pytest.approx(10 + 2 + 86)
     # a short repair is waited out
-    r = play(p, [Fault(10.0, 0, "cable", 0, 1.0)], True)
+    r = play(p, [Failure(10.0, 0, "cable", 0, 1.0)], True)
     assert r.planned_restarts == 0 and r.work_hours == pytest.approx(100 - 1 / 3)
 
 
 def test_a_fault_during_a_restart_restarts_it():
-    faults = [Fault(10.0, 0, "other"), Fault(10.5, 0, "other")]
+    faults = [Failure(10.0, 0, "other"), Failure(10.5, 0, "other")]
     r = play(HAND, faults, False)
     assert (r.interruptions, r.failed_restarts) == (1, 1)
     assert r.work_hours == pytest.approx(10 - 2 + 100 - 11.5)
     # under escape a fault of one rail during the restart is absorbed
-    r = play(HAND, [Fault(10.0, 0, "other"), Fault(10.5, 0, "cable", 0, 2.0)], True)
+    r = play(HAND, [Failure(10.0, 0, "other"), Failure(10.5, 0, "cable", 0, 2.0)], True)
     assert (r.interruptions, r.failed_restarts, r.absorbed) == (1, 0, 1)
 
 

@@ -28,7 +28,7 @@ from .model import CAUSES, SimParams
 
 
 @dataclass(frozen=True)
-class Fault:
+class Failure:
     t: float
     host: int
     kind: str
@@ -61,10 +61,10 @@ def repair_draws(p: SimParams, cause: str, k: int, rng) -> List[float]:
     return out
 
 
-def draw_faults(p: SimParams, rng) -> List[Fault]:
+def draw_faults(p: SimParams, rng) -> List[Failure]:
     """One schedule of faults over the run, sorted by time."""
     T = p.hours
-    out: List[Fault] = []
+    out: List[Failure] = []
     for cause in CAUSES:
         k = int(rng.poisson(p.events_per_hour(cause) * T))
         span = p.span if cause == "switch" else 1
@@ -75,10 +75,10 @@ def draw_faults(p: SimParams, rng) -> List[Fault]:
         every = p.fabric.scope(cause) == "host"
         reps = repair_draws(p, cause, k, rng)
         for t, h, r, w, rep in zip(times, hosts, rails, whole, reps):
-            out.append(Fault(float(t), int(h), cause, None if (every or w) else int(r), float(rep), span))
+            out.append(Failure(float(t), int(h), cause, None if (every or w) else int(r), float(rep), span))
     k = int(rng.poisson(p.events_per_hour("other") * T))
     for t, h in zip(rng.uniform(0.0, T, k), rng.integers(0, p.hosts, k)):
-        out.append(Fault(float(t), int(h), "other", None, 0.0))
+        out.append(Failure(float(t), int(h), "other", None, 0.0))
     out.sort(key=lambda f: f.t)
     return out
 
@@ -174,7 +174,7 @@ def _rail(value: str, rails: Dict[str, int]) -> Optional[int]:
     return int(m.group(1)) if m else rails.setdefault(v, len(rails))
 
 
-def read_failure_log(path: str) -> Tuple[List[Fault], Dict[str, Any]]:
+def read_failure_log(path: str) -> Tuple[List[Failure], Dict[str, Any]]:
     """The faults of an operator's CSV log, and what was read (rows, causes, hosts, span)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
@@ -206,7 +206,7 @@ def read_failure_log(path: str) -> Tuple[List[Fault], Dict[str, Any]]:
     faults = []
     for rel, stamp, kind, host, rail, rep, _ in raw:
         t = rel if stamp is None else (stamp - t0).total_seconds() / 3600.0
-        faults.append(Fault(float(t), host, kind, None if kind == "other" else rail, rep if kind != "other" else 0.0))
+        faults.append(Failure(float(t), host, kind, None if kind == "other" else rail, rep if kind != "other" else 0.0))
     faults.sort(key=lambda f: f.t)
     info = {"path": path, "rows": len(faults), "hosts": 1 + max(f.host for f in faults),
             "max_rail": max((f.rail for f in faults if f.rail is not None), default=-1),
@@ -215,7 +215,7 @@ def read_failure_log(path: str) -> Tuple[List[Fault], Dict[str, Any]]:
     return faults, info
 
 
-def fit_to_log(p: SimParams, faults: List[Fault], info: Dict[str, Any], days_given: bool) -> SimParams:
+def fit_to_log(p: SimParams, faults: List[Failure], info: Dict[str, Any], days_given: bool) -> SimParams:
     """The inputs a replay runs on: the cluster grown to the log's hosts, the run as long as the
     log unless ``--days`` was given, and (unless one was given) the Young/Daly interval for the
     log's own mean time between faults."""
@@ -231,7 +231,7 @@ def fit_to_log(p: SimParams, faults: List[Fault], info: Dict[str, Any], days_giv
     return q
 
 
-def rates_of_log(p: SimParams, faults: List[Fault]) -> SimParams:
+def rates_of_log(p: SimParams, faults: List[Failure]) -> SimParams:
     """The model's inputs at the log's own rates (per component and day), for its closed form:
     every fault of one rail as the log has it, the others as faults of every rail."""
     net = [f for f in faults if f.network and f.t < p.hours]
@@ -245,4 +245,4 @@ def rates_of_log(p: SimParams, faults: List[Fault]) -> SimParams:
                    other_per_gpu_day=other, hosts_per_switch=1)
 
 
-__all__ = ["Fault", "draw_faults", "repair_draws", "read_failure_log", "fit_to_log", "rates_of_log", "classify"]
+__all__ = ["Failure", "draw_faults", "repair_draws", "read_failure_log", "fit_to_log", "rates_of_log", "classify"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .baselines import MODES, Mode, expected_degraded_hours, interrupt_rate, modes
-from .failures import Fault, draw_faults
+from .failures import Failure, draw_faults
 from .model import CAUSES, SimParams
 from .stats import mean_ci
 
@@ -157,7 +157,7 @@ class _Run:
         self.refresh()
 
     # ---------------------------------------------------------------- events
-    def take(self, t: float, f: Fault) -> None:
+    def take(self, t: float, f: Failure) -> None:
         fid = self.order
         rails = range(self.p.rails) if f.rail is None else (f.rail,)
         for h in f.hosts():
@@ -166,7 +166,7 @@ class _Run:
                 d[r] = fid
         self.push(t + f.repair, "repair", (self.epoch, fid, tuple(f.hosts()), tuple(rails)))
 
-    def on_fault(self, t: float, f: Fault) -> None:
+    def on_fault(self, t: float, f: Failure) -> None:
         escapable = f.network and self.m.covers(f.host)
         if t < self.down_until:
             if escapable and f.rail is not None:
@@ -263,7 +263,7 @@ class _FTRun(_Run):
             self.res.work_hours += self.speed * self.eff * dt * share
         self.cur = max(self.cur, to)
 
-    def leave(self, t: float, f: Fault, stall_h: Optional[float] = None) -> None:
+    def leave(self, t: float, f: Failure, stall_h: Optional[float] = None) -> None:
         stall_h = self.m.leave_h if stall_h is None else stall_h
         self.res.left_out += 1
         for h in f.hosts():  # the host's group is left out; it comes back replaced or repaired
@@ -281,7 +281,7 @@ class _FTRun(_Run):
         self.advance(t)
         self.out -= 1
 
-    def on_fault(self, t: float, f: Fault) -> None:
+    def on_fault(self, t: float, f: Failure) -> None:
         self.advance(t)
         if not (f.network and self.m.covers(f.host)):
             self.leave(t, f, self.m.rail_leave_h if f.network and f.rail is not None else None)
@@ -312,7 +312,7 @@ class _FTRun(_Run):
         self.refresh()
 
 
-def play(p: SimParams, faults: Sequence[Fault], mode: Union[Mode, str, bool]) -> ModeResult:
+def play(p: SimParams, faults: Sequence[Failure], mode: Union[Mode, str, bool]) -> ModeResult:
     """Play one schedule under one mode (``True``/``False``: escape/restart)."""
     if not isinstance(mode, Mode):
         mode = modes(p)["escape" if mode is True else "restart" if mode is False else mode]
@@ -363,7 +363,7 @@ def _paired(p: SimParams, base: List[ModeResult], alt: List[ModeResult]) -> Dict
             "planned_swaps": sum(a.planned_restarts for a in alt) / len(alt)}
 
 
-def simulate(p: SimParams, faults: Optional[Sequence[Fault]] = None) -> Dict[str, Any]:
+def simulate(p: SimParams, faults: Optional[Sequence[Failure]] = None) -> Dict[str, Any]:
     """Monte Carlo over ``p.trials`` schedules (or one replayed schedule); every mode sees the same faults."""
     import numpy as np
 
@@ -394,4 +394,4 @@ def simulate(p: SimParams, faults: Optional[Sequence[Fault]] = None) -> Dict[str
     return out
 
 
-__all__ = ["SimParams", "Fault", "ModeResult", "draw_faults", "play", "simulate", "expected_degraded_hours"]
+__all__ = ["SimParams", "Failure", "ModeResult", "draw_faults", "play", "simulate", "expected_degraded_hours"]

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from .cost import closed_form
-from .failures import Fault
+from .failures import Failure
 from .model import COVERAGE, POLICIES, SimParams
 from .simulate import simulate
 
@@ -92,7 +92,7 @@ def parse(spec: str) -> Tuple[str, List[Any]]:
     return f, vals
 
 
-def run(p: SimParams, f: str, values: Sequence[Any], faults: Optional[Sequence[Fault]] = None) -> List[Dict[str, Any]]:
+def run(p: SimParams, f: str, values: Sequence[Any], faults: Optional[Sequence[Failure]] = None) -> List[Dict[str, Any]]:
     """One row per value: the closed form's and the Monte Carlo's (or the replay's) savings."""
     rows = []
     for v in values:
