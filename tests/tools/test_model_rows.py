@@ -18,7 +18,7 @@ from linkescape.errors import UsageError
 from linkescape.tools.baselines import modes
 from linkescape.tools.breakeven import break_even, repair_rows, restart_cost_hours, wait_sweep
 from linkescape.tools.cost import WAITS, best_wait, closed_form, savings
-from linkescape.tools.failures import Fault, draw_faults
+from linkescape.tools.failures import Failure, draw_faults
 from linkescape.tools.model import SimParams
 from linkescape.tools.simulate import play, simulate
 from linkescape.tools.tornado import RANGES, tornado
@@ -41,34 +41,34 @@ def test_torchft_leaves_one_group_out_per_fault_and_never_restarts():
     # one fault of another cause at 10 h: the job stalls ft_leave_s (72 s), then one of 4 groups is out
     # for 1 h + 360 s
     m = modes(HAND)["torchft"]
-    r = play(HAND, [Fault(10.0, 0, "other", None, 0.0)], m)
+    r = play(HAND, [Failure(10.0, 0, "other", None, 0.0)], m)
     T = HAND.hours
     lost = 0.02 + (1.0 + 0.1) / 4  # the stall (the whole job), then a quarter of the job
     assert r.interruptions == 0 and r.left_out == 1 and r.lost_work_hours == 0
     assert r.work_hours == pytest.approx(T - lost, abs=1e-9)
     assert r.leave_hours == pytest.approx(0.02)
     # a fault of one rail (Gloo runs on it): the job stalls torchft's timeout, ft_stall_s (36 s), instead
-    rail = play(HAND, [Fault(10.0, 0, "cable", 1, 4.0)], m)
+    rail = play(HAND, [Failure(10.0, 0, "cable", 1, 4.0)], m)
     assert rail.left_out == 1 and rail.leave_hours == pytest.approx(0.01)
     assert rail.work_hours == pytest.approx(T - 0.01 - 1.1 / 4, abs=1e-9)
     # a fault of every rail (a host cut off) leaves the host out in ft_leave_s, as another cause
-    whole = play(HAND, [Fault(10.0, 0, "switch", None, 4.0)], m)
+    whole = play(HAND, [Failure(10.0, 0, "switch", None, 4.0)], m)
     assert whole.leave_hours == pytest.approx(0.02)
 
 
 def test_escape_torchft_escapes_a_rail_and_leaves_a_host_with_none():
     m = modes(HAND)["escape_torchft"]
-    one_rail = play(HAND, [Fault(10.0, 0, "cable", 1, 4.0)], m)
+    one_rail = play(HAND, [Failure(10.0, 0, "cable", 1, 4.0)], m)
     assert one_rail.escaped == 1 and one_rail.left_out == 0 and one_rail.work_hours == pytest.approx(HAND.hours)
     # both rails of host 0 gone: the group is left out after ft_leave_s (72 s), out 1 h + 360 s more
-    both = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(11.0, 0, "cable", 1, 4.0)], m)
+    both = play(HAND, [Failure(10.0, 0, "cable", 0, 4.0), Failure(11.0, 0, "cable", 1, 4.0)], m)
     assert both.escaped == 1 and both.left_out == 1 and both.interruptions == 0
     assert both.work_hours == pytest.approx(HAND.hours - 0.02 - 1.1 / 4, abs=1e-9)
     # torchft alone: every one of them stalls the job torchft's timeout (36 s) and leaves a group out
-    ft = play(HAND, [Fault(10.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
+    ft = play(HAND, [Failure(10.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
     assert ft.left_out == 1 and ft.work_hours == pytest.approx(HAND.hours - 0.01 - 1.1 / 4, abs=1e-9)
     # both rails gone: the same as escape + shrink/torchft's (the same leave time), less the escaped stall
-    ft_both = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(11.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
+    ft_both = play(HAND, [Failure(10.0, 0, "cable", 0, 4.0), Failure(11.0, 0, "cable", 1, 4.0)], modes(HAND)["torchft"])
     assert ft_both.left_out == 2 and ft_both.work_hours < both.work_hours
 
 
@@ -76,11 +76,11 @@ def test_escape_torchft_leaves_a_relayed_host_out_when_that_costs_less():
     # a cross (host 0 rail 0, host 1 rail 1) relayed at 0.57x slows the whole job to 0.82x for hours;
     # leaving host 1's group out costs 72 s of the job and a quarter of it for 1.1 h: it is left out
     m = modes(HAND)["escape_torchft"]
-    r = play(HAND, [Fault(10.0, 0, "cable", 0, 4.0), Fault(10.5, 1, "cable", 1, 4.0)], m)
+    r = play(HAND, [Failure(10.0, 0, "cable", 0, 4.0), Failure(10.5, 1, "cable", 1, 4.0)], m)
     assert r.left_out == 1 and r.relayed_hours == 0
     assert r.work_hours == pytest.approx(HAND.hours - 0.02 - 1.1 / 4, abs=1e-9)
     # without the drain it runs relayed until the first repair
-    slow = play(replace(HAND, drain=False), [Fault(10.0, 0, "cable", 0, 4.0), Fault(10.5, 1, "cable", 1, 4.0)],
+    slow = play(replace(HAND, drain=False), [Failure(10.0, 0, "cable", 0, 4.0), Failure(10.5, 1, "cable", 1, 4.0)],
                 modes(replace(HAND, drain=False))["escape_torchft"])
     assert slow.left_out == 0 and slow.relayed_hours == pytest.approx(3.5)
 
