@@ -14,7 +14,7 @@ starts); what the rest of the rank must do it reports as outcomes
 
 Links of a peer are interchangeable: DATA frames are numbered per peer, so
 when a link goes down everything unacknowledged is replayed on another path
-(``link_down`` -> ``reroute``), and the receiver applies each frame once.
+(``link_down`` -> ``PeerPaths.failed``, which reroutes), and the receiver applies each frame once.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class PeerChannel(PeerTimers):
             elif act is P.REPLAY:
                 self.sender.replay = True
             elif kind is P.Fail:
-                link = self.links[act.rail] if act.rail < len(self.links) else None
+                link = self.links[act.rail]  # (PeerPaths names only the pair's rails)
                 if link is not None:
                     self.link_down(link, act.ev, detail=act.detail)
             elif kind is P.Control:
@@ -418,12 +418,6 @@ class PeerChannel(PeerTimers):
 
     def link_error(self, link: Link, exc: BaseException, what: str) -> None:
         self.link_down(link, failure_event(exc), detail=f"{what}: {exc}")
-
-    def reroute(self, now: float, cause: Optional[str] = None, moved_from: Optional[int] = None,
-                opened: Optional[int] = None, held_out: int = 0) -> None:
-        """Choose the rails that carry (or the relay): ``PeerPaths.reroute``."""
-        self.paths.reroute(now, cause=cause, moved_from=moved_from, opened=opened, held_out=held_out)
-        self._apply_paths()
 
     def notify(self, kind: int, rail: int):
         """Tell the peer about our NIC on ``rail`` over another rail, if one is left."""

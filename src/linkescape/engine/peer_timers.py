@@ -261,11 +261,8 @@ class PeerTimers:
 
     def failback(self, now: float):
         """Move traffic back to a better rail (or from a relay to a rail)
-        once it is eligible again."""
-        self._failback(now)
-        return self._done()
-
-    def _failback(self, now: float) -> None:
+        once it is eligible again (``PeerPaths.failback``)."""
         if self.paths.failback(now):
             self._apply_paths()
             self.sender.pump()
+        return self._done()
