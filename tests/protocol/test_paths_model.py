@@ -132,7 +132,7 @@ class Pair:
             other = self.ends[1 - me]
             self.carried[me] = self.gen[me]
             other.peer_word(self.word(me), self.now, self.local_down(1 - me))
-            other.peer_held(self.ends[me].beat_arg(0) & P.AVOID_MASK, self.now)
+            other.peer_held(self.ends[me].beat_arg(0), self.now)
 
     def local_down(self, me: int) -> int:
         return sum(1 << r for r in range(self.rails) if not self.carrier[me][r])

@@ -30,7 +30,7 @@ from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIF
                                RELAY_RESET, RELAY_UNREACH, Header, unpack_header, HEADER_SIZE, DATA, RELAY)
 from ..protocol.grey import GreyDetector
 from ..protocol.linkstate import Ev, PathPolicy, State
-from ..protocol.paths import AVOID_MASK, CAUSE, LOAD_SHIFT, PeerPaths
+from ..protocol.paths import CAUSE, LOAD_SHIFT, PeerPaths
 from ..protocol.relaymac import PairKeys, Unknown
 from ..transport.tcp import ack_now, ack_silence
 from .io import POLLERR, POLLIN, POLLOUT
@@ -653,7 +653,7 @@ class PeerChannel(PeerTimers):
                 # the sender's silence check waits for our kernel's ack of it: not a delayed one
                 ack_now(link.sock)
             self.relay_load = arg >> LOAD_SHIFT
-            if self.paths.peer_held(arg & AVOID_MASK, self.env.clock.now()):
+            if self.paths.peer_held(arg, self.env.clock.now()):  # (it reads the avoid bits)
                 self.env.soon(0.0)  # a rail held out: the timers keep a close eye on the peer
                 self._apply_paths()
                 self.sender.pump()

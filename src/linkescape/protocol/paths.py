@@ -347,7 +347,8 @@ class PeerPaths:
             self.tell_stale(local_down)
 
     def peer_held(self, avoid: int, now: float) -> bool:
-        """The rails the peer holds out (its heartbeats); True when they changed."""
+        """The rails the peer holds out, from its heartbeat's arg (the avoid bits; the load above them is
+        the shell's); True when they changed."""
         avoid &= AVOID_MASK
         if avoid == self.peer_avoid:
             return False
