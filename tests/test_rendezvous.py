@@ -94,6 +94,27 @@ def test_addresses_read_in_one_parse_are_each_peer_s_own():
     assert rendezvous._decode_all([b'["a:1"]', "text"]) is None
 
 
+def test_each_rank_publishes_its_x25519_key_with_its_addresses():
+    """Issue 48: the public half of each rank's key for relayed frames' end-to-end MACs goes into
+    its address record; the peers' come back in ``publics``. A record without one (the older list)
+    gives none; a key of the wrong size is an error naming its rank."""
+    values = _published(4)
+    values[rendezvous.KEY_ADDR.format(rank=2)] = json.dumps({"rails": ["127.0.0.1:1002"],
+                                                              "x25519": "ab" * 32}).encode()
+    store = DictStore(values)
+    publics = {}
+    job, peers, _secret = rendezvous.exchange(store, 1, 4, [("127.0.0.1", 1001)], time.monotonic() + 5,
+                                              public=b"\x01" * 32, publics=publics)
+    assert peers[2] == [("127.0.0.1", 1002)] and peers[0] == [("127.0.0.1", 1000)]
+    assert publics == {2: b"\xab" * 32}
+    assert json.loads(store.values[rendezvous.KEY_ADDR.format(rank=1)]) == {"rails": ["127.0.0.1:1001"],
+                                                                            "x25519": "01" * 32}
+    values[rendezvous.KEY_ADDR.format(rank=2)] = json.dumps({"rails": ["127.0.0.1:1002"], "x25519": "ab"}).encode()
+    with pytest.raises(RendezvousError) as err:
+        rendezvous.exchange(DictStore(values), 1, 4, [("127.0.0.1", 1001)], time.monotonic() + 5, publics={})
+    assert "rank 2" in str(err.value)
+
+
 def test_a_rank_that_never_arrives_is_named():
     store = DictStore(_published(6, absent=(2, 5)))
     with pytest.raises(RendezvousError) as err:

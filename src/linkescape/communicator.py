@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import zlib
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +30,9 @@ from .flight import FlightRecorder, watch_signal
 from .log import setup_logging
 from .errors import CommClosed, CommTimeout, GroupShrunk, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
+from .protocol import x25519
 from .protocol.frames import P2P_FLAG
+from .protocol.relaymac import RankKeys
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails, start_up_peers
 from .transport.tcp import ensure_fd_budget
 
@@ -219,9 +221,12 @@ class Communicator:
         ensure_fd_budget((self.world_size - 1) * len(self.rail_addrs))
         setup = LinkSetup(self.rank, self.world_size, self.rail_addrs, self.config)
         self._setup = setup
+        private = x25519.private_key()  # (our key for relayed frames' end-to-end MACs: relaymac.py)
+        publics: Dict[int, bytes] = {}
         try:
             job, peers, secret = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline,
-                                                with_secret=load_key(self.config) is None)
+                                                with_secret=load_key(self.config) is None,
+                                                public=x25519.public_key(private), publics=publics)
             # Active-backup: start-up opens the primary rail; the backups are
             # opened by recovery right after, off the caller's path (stripe: all).
             now_rails = None if self.config.policy == "stripe" or self.config.eager_backups else [0]
@@ -246,14 +251,17 @@ class Communicator:
         # in records authenticated with the job's key
         # (neighbours: only the peers start-up connected are built now; the progress thread
         # builds the rest once it runs, off the caller's path: see ``starts`` in __init__)
+        keys = RankKeys(self.rank, setup.auth.key, job, private)
+        for peer, public in publics.items():
+            keys.learn(peer, public)
         eng = self._engine = Engine(self.rank, self.world_size, len(self.rail_addrs), self.config, self.events,
-                                    store=store, record_key=RecordKey(setup.auth.key, job), peers_now=now_peers)
+                                    store=store, record_key=RecordKey(setup.auth.key, job), peers_now=now_peers,
+                                    keys=keys)
         self._driver = Driver(eng)
         now = eng.clock.now()
         with self._driver.locked():
             keys = setup.link_keys if self.config.frame_auth else {}
-            eng.start_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)),
-                                  pair_key=getattr(setup.link_keys.get((peer, rail)), "pair", b""))
+            eng.start_links([Link(sock, peer, rail, 1, now, mac_key=keys.get((peer, rail)))
                              for (peer, rail), sock in sorted(socks.items())])
         # Recovery waits on the acceptor (not the bare listeners): incoming
         # connections are authenticated without blocking its thread.

@@ -159,17 +159,22 @@ def _decode_all(values) -> Optional[list]:
 
 
 def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]], deadline: float,
-             with_secret: bool = False) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]], Optional[bytes]]:
+             with_secret: bool = False, public: bytes = b"",
+             publics: Optional[Dict[int, bytes]] = None) -> Tuple[bytes, Dict[int, List[Tuple[str, int]]], Optional[bytes]]:
     """(job token, {peer: its rail addresses}, the per-job secret or None).
     ``with_secret``: read the per-job secret (rank 0 wrote it before the
     token) with the addresses, in the same two store calls, where the store
-    can (wait and multi_get); else it is None and ``job_secret`` reads it."""
+    can (wait and multi_get); else it is None and ``job_secret`` reads it.
+    ``public``: our X25519 public key, published with our addresses
+    (``{"rails": [...], "x25519": hex}``); the peers' go into ``publics``
+    (a record without one, the older list of addresses, gives none)."""
     if rank == 0:
         token = secrets.token_hex(16)
         store.set(KEY_SECRET.format(job=token), auth.new_job_secret())  # before the job: readers find both
         store.set(KEY_JOB, token)
     job = _decode(_store_get(store, KEY_JOB, deadline, 0)).encode()
-    store.set(KEY_ADDR.format(rank=rank), json.dumps([f"{a}:{p}" for a, p in my_addrs]))
+    rails = [f"{a}:{p}" for a, p in my_addrs]
+    store.set(KEY_ADDR.format(rank=rank), json.dumps({"rails": rails, "x25519": public.hex()} if public else rails))
     peers: Dict[int, List[Tuple[str, int]]] = {}
     missing = []
     others = [p for p in range(world_size) if p != rank]
@@ -181,10 +186,17 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
         try:
             raw = decoded[i] if decoded is not None else json.loads(_decode(
                 values[i] if values is not None else _store_get(store, KEY_ADDR.format(rank=p), deadline, p)))
+            if isinstance(raw, dict):
+                key = raw.get("x25519")
+                if publics is not None and key:
+                    publics[p] = bytes.fromhex(key)
+                    if len(publics[p]) != 32:
+                        raise ValueError(f"an X25519 public key of {len(publics[p])} bytes")
+                raw = raw["rails"]
             peers[p] = [(host, int(port)) for host, _, port in (s.rpartition(":") for s in raw)]
         except RendezvousError:
             missing.append(p)
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise RendezvousError(f"rank {p}'s addresses in the store are not a list of host:port ({exc})",
                                   missing=[p]) from None
     if missing:

@@ -121,3 +121,17 @@ def frame_headers(data) -> list:
         out.append(h)
         pos += HEADER_SIZE + h.length
     return out
+
+
+def job_keys(n: int, secret: bytes = b"k" * 32, job: bytes = b"job") -> list:
+    """The X25519 keys (protocol/relaymac.RankKeys) of ranks 0..n-1 of one job, each knowing the
+    others' public keys, as the store's records give them: for rigs that pass relayed frames by
+    hand (``keys[src].pair(dst).seal(...)``)."""
+    from .protocol.relaymac import RankKeys
+
+    keys = [RankKeys(r, secret, job) for r in range(n)]
+    for a in keys:
+        for b in keys:
+            if a is not b:
+                a.learn(b.rank, b.public)
+    return keys

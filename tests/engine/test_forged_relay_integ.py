@@ -4,10 +4,10 @@ PEER_LOST naming a live rank, a BYE), while rank 0's own links to rank 1 are
 healthy and no relay was set up. Before, rank 0 applied them as rank 1's
 (the PEER_LOST failed the job naming rank 2 as lost, "reported by rank 1";
 the BYE, "rank 1 closed its communicator"). Now a relayed frame carries an
-end-to-end MAC under the pair's key, which rank 2 does not hold: these fail,
-each costs rank 2's link it came on, that link only (never toward the limit
-of protocol errors that fails the job; never rank 1's); one without a MAC,
-between ranks that share a key, is dropped (no verdict); every result stays
+end-to-end MAC under the pair's key (from ranks 0's and 1's X25519 keys),
+which rank 2 cannot make: these fail, and so does one without a MAC; each
+costs rank 2's link it came on, that link only (never toward the limit of
+protocol errors that fails the job; never rank 1's); every result stays
 exact."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from linkescape import Config
 from linkescape.engine.link import WireItem
 from linkescape.protocol.frames import (BYE, DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, PEER_LOST, RELAY,
                                         pack_header)
-from linkescape.protocol.relaymac import NO_KEY, TRAILER
+from linkescape.protocol.relaymac import SCHEME, TRAILER, RankKeys
 from linkescape.testing import raise_first, run_ranks
 
 RAILS = ("127.0.0.1", "127.0.0.2")
@@ -49,11 +49,18 @@ def _pass_on(comm, to: int, claimed: int, kind: str) -> None:
         with comm._driver.locked() as eng:
             link = eng.peers[to].links[0]
             if link is not None and not link.out:
-                # (no end-to-end MAC would verify: rank 2 never saw the nonces of rank 0's and 1's links):
-                # under the key id of their start-up link on rail 0 (epoch 1), or without a key
-                nokey = kind.endswith("_nokey")
-                trailer = TRAILER.pack(NO_KEY, 0, 0, bytes(16)) if nokey else TRAILER.pack(0, 1, 1, b"\x5a" * 16)
-                inner = trailer + _forgeries(1 << 20)[kind.replace("_nokey", "")]
+                # no end-to-end MAC verifies: rank 2 holds the job's key and every public key, but
+                # neither rank 0's nor rank 1's private key; it seals under a key of its own made
+                # 'as rank 1', or sends no MAC at all (a trailer of zeros)
+                frame = _forgeries(1 << 20)[kind.replace("_nokey", "")]
+                if kind.endswith("_nokey"):
+                    trailer = bytes(TRAILER.size)
+                else:
+                    posing = RankKeys(claimed, b"any", comm.job)
+                    posing.learn(to, eng.env.keys.public_of(to))
+                    trailer = posing.pair(to).seal(frame)
+                    assert TRAILER.unpack_from(trailer)[0] == SCHEME
+                inner = trailer + frame
                 outer = pack_header(RELAY, 0, 0, arg=claimed, length=len(inner), flags=FLAG_PASSED,
                                     rails=eng.rail_word.word)
                 if link.mac is not None:  # a rank of the job holds the link's keys: its frames verify
@@ -92,15 +99,13 @@ def _job(comm, kinds):
 
 @pytest.mark.parametrize("frame_auth", [False, True], ids=["no_frame_auth", "frame_auth"])
 def test_a_forged_relay_frame_from_a_job_rank_is_not_taken_for_another_ranks(frame_auth):
-    # Three forgeries within 60 s: before the issue 48 review each counted toward the limit of protocol
-    # errors and the third failed the job naming rank 2 (an honest relay could be blamed the same way);
-    # one without a key while the pair holds one is no verdict (the origin's frames in flight): it costs nothing
+    # Four forgeries within 60 s: before the issue 48 review each counted toward the limit of protocol
+    # errors and the third failed the job naming rank 2 (an honest relay could be blamed the same way)
     kinds = ["peer_lost", "bye", "bye_nokey", "peer_lost"]
     cfg = Config(frame_auth=frame_auth, timeout=60, failback_holddown=0.2)
     results = raise_first(run_ranks(3, _job, kinds, rails=RAILS, config=cfg, timeout=180))
     for ok, _downs, lost in results:
         assert ok and not lost, results
     downs0 = results[0][1]
-    forged = [k for k in kinds if not k.endswith("_nokey")]
-    assert downs0.count(("protocol_error", 2, 0)) == len(forged), downs0  # the relay's link, each time
+    assert downs0.count(("protocol_error", 2, 0)) == len(kinds), downs0  # the relay's link, each time
     assert not [d for d in downs0 if d[1] == 1], downs0  # never rank 1's

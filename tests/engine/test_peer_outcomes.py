@@ -21,7 +21,7 @@ from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEA
                                        RELAY, pack_header, unpack_header)
 from linkescape.protocol.frames import RELAY_TRAILER
 from linkescape.protocol.grey import RailRate
-from linkescape.protocol.relaymac import NO_KEY, TRAILER
+from linkescape.testing import job_keys
 from linkescape.protocol.linkstate import Ev, PathPolicy
 from linkescape.protocol.railstate import RailWord
 from linkescape.testing import drain, frame_headers
@@ -49,7 +49,7 @@ class Rig:
         self.relays = RelayRouter(0, self.peers, self.rail_word, self.config.relay_window, self.clock)
         self.env = PeerEnv(0, nrails, self.config, self.clock, self.io, PathPolicy(holddown=1.0), self.rail_word,
                            [RailRate() for _ in range(nrails)], self.matcher, lambda view: None,
-                           self.relays.admit, tcp_probe=self.kernel)
+                           self.relays.admit, tcp_probe=self.kernel, keys=KEYS[0])
         self.peer = PeerChannel(1, self.env)
         self.peers[1] = self.peer
         self.remote = {}
@@ -84,7 +84,7 @@ class Rig:
         via.open_link(Link(sock, 2, 0, 1, self.clock.now()))
         self.send(0, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))
         self.peer.use_relay(self.relays.choose(1))
-        self.peer.on_relayed(_nokey(pack_header(HEARTBEAT, 0, 0)))
+        self.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 0)))
 
     def frames_at_remote(self, rail: int) -> list:
         return frame_headers(drain(self.remote[rail]))
@@ -204,7 +204,7 @@ def test_a_heartbeat_read_on_a_link_is_acknowledged_at_once(rig, monkeypatch):
     monkeypatch.setattr(peer_mod, "ack_now", acked.append)
     rig.send(1, pack_header(HEARTBEAT, 0, 0))
     assert acked == [rig.links[1].sock]
-    rig.peer.on_relayed(_nokey(pack_header(HEARTBEAT, 0, 0)))  # relayed: no link of ours to ack on
+    rig.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 0)))  # relayed: no link of ours to ack on
     assert acked == [rig.links[1].sock]
 
 
@@ -285,7 +285,7 @@ def test_no_rail_left_is_no_path_and_a_relay_carries_until_a_rail_is_back():
         assert not events(out)  # tried, not yet known to work
         assert r.peer.no_path_since is not None
         # the peer's own frames come back through a relay: the path works
-        out = r.peer.on_relayed(_nokey(pack_header(HEARTBEAT, 0, 0)))
+        out = r.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 0)))
         assert ("relay_on", -1, None) in events(out) and any(isinstance(o, PathBack) for o in out)
         assert r.peer.no_path_since is None
         # our frames for rank 1 now go to rank 2 inside RELAY frames
@@ -360,7 +360,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
         resent_at = []
         for i in range(1, 25):  # 1.2 s in virtual time, the peer's heartbeats acking nothing
             r.clock.advance_ms(step)
-            r.peer.on_relayed(_nokey(pack_header(HEARTBEAT, 0, 0)))
+            r.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 0)))
             r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
             if [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA and f[1].seq == 1]:
                 resent_at.append(i * step)
@@ -368,7 +368,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
         assert resent_at == [200, 600], resent_at
         assert r.peer.relay.resent == 2
         # the peer has it at last: nothing more is sent again
-        r.peer.on_relayed(_nokey(pack_header(HEARTBEAT, 0, 1)))
+        r.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 1)))
         assert r.peer.outbound.unacked_bytes == 0
         for _ in range(20):
             r.clock.advance_ms(step)
@@ -466,11 +466,11 @@ def test_placing_a_stashed_frame_keeps_another_pairs_frame_half_read_on_the_link
     stalled until its path changed: the bug the relayed rate phase found)."""
     # rank 1's frame of a collective we have not posted yet: kept in the stash
     own = pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz"
-    rig.peer.on_relayed(_nokey(own))
+    rig.peer.on_relayed(_sealed(own))
     assert 1 in rig.peer.receiver.stash
     # rank 2's frame for us, passed on by rank 1: half of it arrives
     inner = pack_header(DATA, 7, 0, msg=1, offset=0, length=1000, sig=0, arg=1000) + bytes(range(250)) * 4
-    inner = bytes(_nokey(inner))  # (its end-to-end MAC: none, the rig's links hold no pair keys)
+    inner = KEYS[2].pair(0).seal(inner) + inner  # (its end-to-end MAC: rank 2's, for us)
     relay = pack_header(RELAY, 0, 0, arg=2, length=len(inner), flags=FLAG_PASSED) + inner
     assert not [o for o in rig.send(0, relay[:600]) if isinstance(o, Relayed)]
     # the receive is posted: the stashed frame is placed
@@ -642,13 +642,18 @@ def test_a_stale_notice_takes_the_link_it_speaks_of_down_and_asks_for_a_re_dial(
 
 
 # ---------------------------------------------------------------- a full stash and the frame it waits for
-def _nokey(frame: bytes) -> memoryview:
-    """A frame as a relay passes it on: after its end-to-end MAC's trailer (here, of a pair without a key)."""
-    return memoryview(TRAILER.pack(NO_KEY, 0, 0, bytes(16)) + bytes(frame))
+#: ranks 0 (the rigs') and 1 and 2 (their peers): the keys of relayed frames' end-to-end MACs
+KEYS = job_keys(3)
+_FROM_1 = KEYS[1].pair(0)
+
+
+def _sealed(frame: bytes) -> memoryview:
+    """A frame of rank 1 as a relay passes it on: after its end-to-end MAC's trailer, sealed by rank 1."""
+    return memoryview(_FROM_1.seal(bytes(frame)) + bytes(frame))
 
 
 def _relayed_data(seq: int, offset: int, payload: bytes, nbytes: int, msg: int = 1) -> memoryview:
-    return _nokey(pack_header(DATA, seq, 0, msg=msg, offset=offset, length=len(payload), sig=0, arg=nbytes)
+    return _sealed(pack_header(DATA, seq, 0, msg=msg, offset=offset, length=len(payload), sig=0, arg=nbytes)
                   + payload)
 
 

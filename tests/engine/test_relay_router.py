@@ -10,12 +10,17 @@ from linkescape.engine.clock import FakeClock
 from linkescape.engine.relay import REFUSAL_MEMORY, RelayRouter
 from linkescape.protocol.linkstate import State
 from linkescape.protocol.railstate import RailWord
+from linkescape.testing import job_keys
+
+#: rank 0's X25519 key, knowing its peers' (a relayed frame to a peer is sealed with their pair key)
+KEYS = job_keys(8)
 
 
 def _peer(rank: int, load: int = 0, up: bool = True):
     link = SimpleNamespace(rail=0)
     return SimpleNamespace(rank=rank, lost=None, relay=None, active=[0] if up else [], links=[link],
-                           status=[SimpleNamespace(state=State.UP if up else State.DOWN)], relay_load=load)
+                           status=[SimpleNamespace(state=State.UP if up else State.DOWN)], relay_load=load,
+                           pairs=KEYS[0].pair(rank))
 
 
 def _router(peers):

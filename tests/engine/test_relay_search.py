@@ -24,16 +24,22 @@ from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEA
 from linkescape.protocol.linkstate import Ev
 from linkescape.testing import drain
 from linkescape.protocol.frames import RELAY_TRAILER  # noqa: E402
-from linkescape.protocol.relaymac import NO_KEY, TRAILER  # noqa: E402
+from linkescape.testing import job_keys  # noqa: E402
 
-#: the end-to-end MAC's trailer of a pair without a key (the rigs' links hold no pair keys)
-_NOKEY = TRAILER.pack(NO_KEY, 0, 0, bytes(16))
+#: the job's X25519 keys (relayed frames' end-to-end MACs); rank r's sealer of frames for rank 0
+KEYS = job_keys(4)
+_TO_0 = {r: KEYS[r].pair(0) for r in (1, 2, 3)}
+
+
+def _sealed(src: int, frame: bytes) -> bytes:
+    """``src``'s frame for rank 0 as a relay passes it on: its end-to-end trailer, then the frame."""
+    return _TO_0[src].seal(frame) + frame
 
 
 class Job:
     def __init__(self, nrails: int = 1) -> None:
         self.clock = FakeClock()
-        self.eng = Engine(0, 4, nrails, Config(), clock=self.clock)
+        self.eng = Engine(0, 4, nrails, Config(), clock=self.clock, keys=KEYS[0])
         self.remote = {}
         self.links = {}
         links = []
@@ -59,7 +65,7 @@ class Job:
     def heard_through_relay(self, rank: int) -> None:
         """A frame of ``rank``'s comes back through a relay: the path works (``relay_on``)."""
         p = self.peer(rank)
-        self.eng._apply(p, p.on_relayed(memoryview(_NOKEY + pack_header(HEARTBEAT, 0, 0))))
+        self.eng._apply(p, p.on_relayed(memoryview(_sealed(rank, pack_header(HEARTBEAT, 0, 0)))))
         assert p.relay.confirmed
 
     def routes_agree(self) -> bool:
@@ -191,7 +197,7 @@ def test_a_relay_that_passed_a_broken_frame_on_is_not_taken_again_at_once(job):
     first = p.relay.via
     job.cut(5 - first)
     job.heard_through_relay(1)
-    inner = _NOKEY + pack_header(RELAY, 0, 0)  # a relayed frame that relays another: nonsense
+    inner = _sealed(1, pack_header(RELAY, 0, 0))  # a relayed frame that relays another: nonsense
     job.say(first, pack_header(RELAY, 0, 0, arg=1, length=len(inner), flags=FLAG_PASSED) + inner)
     assert p.relay is None and p.no_path_since is not None
     assert job.routes_agree()
@@ -219,48 +225,43 @@ def test_a_relay_left_for_a_rail_that_is_back_ends_its_route():
 
 def test_a_relay_cannot_forge_a_frame_of_the_pair_it_relays(job):
     """Issue 48 item 2: a relayed frame carries an end-to-end MAC from its origin under the pair's
-    key (from the pair's own handshake, which the relay never saw). Rank 1 is cut off and relayed
-    through ``first``; ``first``, a rank of the job, then forges a BYE 'from rank 1' (under a key of
-    its own, and without any key): both fail, count against the relay's link it came on, and leave
-    that relay; rank 1's own frames, sealed with the pair's key, are taken."""
-    from linkescape.protocol.frames import BYE
-    from linkescape.protocol.relaymac import PairKeys
+    key (from both ranks' X25519 keys, which the relay does not hold). Rank 1 is cut off and
+    relayed through ``first``; ``first``, a rank of the job (it holds the job's key and every
+    public key), then forges a BYE 'from rank 1' under a pair key of its own and without any key:
+    both fail, count against the relay's link it came on, and leave that relay; rank 1's own
+    frames, sealed with the pair's key, are taken."""
+    import pytest
 
-    pair = b"p" * 32
+    from linkescape.errors import ProtocolError
+    from linkescape.protocol.frames import BYE
+    from linkescape.protocol.relaymac import SCHEME, TRAILER, RankKeys
+
     p = job.peer(1)
-    p.pairs.add(0, 1, pair)  # (what the pair's handshake on rail 0 left both ends)
-    one = PairKeys(1, 0)
-    one.add(0, 1, pair)
     job.cut(1)
     first = p.relay.via
     job.cut(5 - first)
+    forger = RankKeys(1, b"k" * 32, b"job")  # the job's key, its own X25519 key under rank 1's name
+    forger.learn(0, KEYS[0].public)
+    forged = forger.pair(0)
 
     def passed(trailer_and_frame: bytes) -> bytes:
         return pack_header(RELAY, 0, 0, arg=1, length=len(trailer_and_frame), flags=FLAG_PASSED) + trailer_and_frame
 
     hb = pack_header(HEARTBEAT, 0, 0)
-    job.say(first, passed(one.seal(hb) + hb))
+    job.say(first, passed(_sealed(1, hb)))
     assert p.relay is not None and p.relay.confirmed  # rank 1's own frame, sealed by rank 1: taken
     bye = pack_header(BYE, 0, 0)
-    forger = PairKeys(1, 0)
-    forger.add(0, 1, b"f" * 32)  # the relay holds the job's key, never the pair's
-    job.say(first, passed(forger.seal(bye) + bye))
+    job.say(first, passed(forged.seal(bye) + bye))
     assert p.lost is None and not p.closed_by_peer  # never taken for rank 1's BYE
     assert not job.links[first, 0].open  # counted against the relay's link it came on
     assert p.relay is None or p.relay.via != first  # and that relay is left
     # that link only: never toward the limit of protocol errors that fails the job (issue 48 review)
     assert not job.peer(first).protocol_errors and not p.protocol_errors
-    # without a key at all (as a pair that never shared a link): never taken, since we share one;
-    # no verdict (the origin's frames sent before it adopted the pair's first link are in flight)
-    import pytest
-
-    from linkescape.errors import ProtocolError
-    from linkescape.protocol.relaymac import Unknown
-    with pytest.raises(Unknown, match="without a key"):
-        p.pairs.open(memoryview(_NOKEY + bye))
-    with pytest.raises(ProtocolError, match="end-to-end MAC"):
-        p.pairs.open(memoryview(forger.seal(bye) + bye))
-    assert bytes(p.pairs.open(memoryview(one.seal(bye) + bye))) == bye
+    # without a MAC at all (a trailer of zeros, another scheme): a forgery too
+    for trailer in (bytes(TRAILER.size), TRAILER.pack(SCHEME + 1, 99, bytes(16))):
+        with pytest.raises(ProtocolError):
+            p.pairs.open(memoryview(trailer + bye))
+    assert bytes(p.pairs.open(memoryview(_sealed(1, bye)))) == bye
     # a frame rank 0 sealed for rank 1, reflected back to rank 0 as rank 1's: fails (one key per direction)
     with pytest.raises(ProtocolError):
         p.pairs.open(memoryview(p.pairs.seal(bye) + bye))

@@ -21,7 +21,7 @@ from linkescape.errors import GroupShrunk
 from linkescape.protocol.frames import DATA, P2P_FLAG, pack_header
 from linkescape.testing import raise_first, run_ranks
 
-from test_peer_outcomes import Rig, _nokey
+from test_peer_outcomes import Rig, _sealed
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def _broken(out) -> list:
 def _deliver(rig, how: str, frame: bytes) -> list:
     if how == "link":
         return rig.send(0, frame)
-    return list(rig.peer.on_relayed(_nokey(frame)))  # (a relayed frame: Receiver._whole_data)
+    return list(rig.peer.on_relayed(_sealed(frame)))  # (a relayed frame: Receiver._whole_data)
 
 
 @pytest.mark.parametrize("how", ["link", "relayed"])

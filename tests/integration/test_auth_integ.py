@@ -53,8 +53,8 @@ def _store_view(store, n):
     """What a store reader learns: the job, the secret, every address."""
     job = _text(store.get(KEY_JOB)).encode()
     secret = _text(store.get(KEY_SECRET.format(job=job.decode()))).encode()
-    addrs = {r: [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in json.loads(_text(
-        store.get(KEY_ADDR.format(rank=r))))] for r in range(n)}
+    records = {r: json.loads(_text(store.get(KEY_ADDR.format(rank=r)))) for r in range(n)}
+    addrs = {r: [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in rec["rails"]] for r, rec in records.items()}
     return job, secret, addrs
 
 

@@ -33,7 +33,6 @@ from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESE
 from ..protocol.grey import RailRate, Window
 from ..protocol.linkstate import Ev, PathPolicy, State
 from ..protocol.railstate import RailWord
-from ..protocol.relaymac import NO_KEY
 from ..transport.tcp import ack_silence, tcp_sample
 from .clock import SYSTEM, Clock
 from .beacon import Beacon
@@ -49,8 +48,6 @@ from .peer import INF, Matcher, PeerChannel, PeerEnv
 from .probes import ProbeBudget
 from .relay import RelayRouter
 
-#: the first byte of a relayed frame without an end-to-end MAC (protocol/relaymac.py)
-NO_KEY_BYTE = bytes([NO_KEY])
 
 log = logging.getLogger("linkescape.engine")
 
@@ -109,7 +106,7 @@ class PeerTable(dict):
 class Engine:
     def __init__(self, rank: int, world_size: int, nrails: int, config: Config, events=None,
                  clock: Clock = SYSTEM, store=None, record_key=None, tcp_probe=ack_silence,
-                 peers_now: Optional[set] = None) -> None:
+                 peers_now: Optional[set] = None, keys=None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.nrails = nrails
@@ -136,7 +133,7 @@ class Engine:
         self._await_built = False
         self.relays = RelayRouter(rank, self.peers, self.rail_word, config.relay_window, clock)
         self.env = PeerEnv(rank, nrails, config, clock, self.io, self.policy, self.rail_word, self.rail_rates,
-                           self.matcher, self.protect_range, self.relays.admit, tcp_probe)
+                           self.matcher, self.protect_range, self.relays.admit, tcp_probe, keys)
         for p in range(world_size):
             if p != rank and (peers_now is None or p in peers_now):
                 self.peers[p] = PeerChannel(p, self.env)
@@ -407,11 +404,6 @@ class Engine:
                     continue  # a rank left out: nothing it sends is taken (engine/membership.py)
                 src = self.peers.find(o.src)  # (a peer not built yet is built now)
                 if src is not None:
-                    if o.frame[:1] == NO_KEY_BYTE and not src.pairs.keys and not src.relay_agreed():
-                        # no end-to-end MAC (a pair that never shared a link) while our own path to
-                        # it looks healthy: not taken for src's (issue 48)
-                        self._apply(src, src.refuse_relayed())
-                        continue
                     try:
                         out = src.on_relayed(o.frame)
                         self.relays.saw(peer.rank, o.src)

@@ -76,10 +76,10 @@ class Link:
     __slots__ = ("sock", "fd", "peer", "rail", "epoch", "out", "out_bytes", "rbuf", "rview", "rpos", "rend",
                  "hdr", "sink", "sink_got", "parked", "staging", "last_sent", "bytes_sent", "bytes_received",
                  "binding", "pending_since", "silent_at", "grey", "parked_at", "frames_sent",
-                 "frames_received", "open", "mac", "whole", "grey_sent", "pair_key")
+                 "frames_received", "open", "mac", "whole", "grey_sent")
 
     def __init__(self, sock: socket.socket, peer: int, rail: int, epoch: int, now: float,
-                 mac_key=None, pair_key: bytes = b""):
+                 mac_key=None):
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
@@ -117,8 +117,6 @@ class Link:
         #: ``mac_key``: this side's ``handshake.FrameKeys`` (one key per direction)
         self.mac: Optional[FrameMac] = FrameMac(mac_key) if mac_key else None
         self.whole: Optional[memoryview] = None
-        #: the pair's key for relayed frames from this link's handshake (protocol/relaymac.py)
-        self.pair_key = pair_key
 
     # ------------------------------------------------------------------ send
     def queue(self, item: WireItem) -> None:

@@ -31,7 +31,7 @@ from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIF
 from ..protocol.grey import GreyDetector
 from ..protocol.linkstate import Ev, PathPolicy, State
 from ..protocol.paths import CAUSE, LOAD_SHIFT, PeerPaths
-from ..protocol.relaymac import PairKeys, Unknown
+from ..protocol.relaymac import RankKeys, Unknown
 from ..transport.tcp import ack_now, ack_silence
 from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
@@ -103,7 +103,8 @@ class PeerEnv:
 
     def __init__(self, rank: int, nrails: int, config, clock, io, policy: PathPolicy, rail_word, rail_rates,
                  matcher: Matcher, protect: Callable[[memoryview], None],
-                 relay_admit: Callable[[int, int, int], bool], tcp_probe=ack_silence) -> None:
+                 relay_admit: Callable[[int, int, int], bool], tcp_probe=ack_silence,
+                 keys: Optional[RankKeys] = None) -> None:
         self.rank = rank
         self.nrails = nrails
         self.config = config
@@ -115,6 +116,8 @@ class PeerEnv:
         self.matcher = matcher
         self.protect = protect
         self.relay_admit = relay_admit
+        #: our X25519 key and the peers' public keys: the end-to-end MACs of relayed frames
+        self.keys = keys if keys is not None else RankKeys(rank)
         #: the kernel's acknowledgement silence of a socket (TCP_INFO); tests give another
         self.ack_silence = tcp_probe
         #: bytes a link may have queued before the sender stops carving frames
@@ -163,11 +166,9 @@ class PeerChannel(PeerTimers):
         self.lost: Optional[BaseException] = None
         #: when links to this peer carried nonsense (ProtocolError), recently
         self.protocol_errors: List[float] = []
-        #: frames claiming to be this peer's that another rank passed on while our path to it was healthy
-        self.relayed_refused = 0
-        #: the keys of our relayed frames, from our links' handshakes (protocol/relaymac.py)
-        self.pairs = PairKeys(env.rank, rank)
-        #: relayed frames under a key id we do not hold yet (dropped: sent again)
+        #: the end-to-end MACs of our relayed frames, from both ranks' X25519 keys (protocol/relaymac.py)
+        self.pairs = env.keys.pair(rank)
+        #: relayed frames dropped without a verdict (a replay, or no public key of the peer)
         self.relayed_unknown = 0
         #: bytes moved by this peer's links that are closed now, per rail
         self.closed_sent: List[int] = [0] * nrails
@@ -363,8 +364,6 @@ class PeerChannel(PeerTimers):
             else:
                 self._drop(old)
         self.links[rail] = link
-        if link.pair_key:  # (the peer holds it once the link carried a frame of its: we seal with it then)
-            self.pairs.add(rail, link.epoch, link.pair_key, heard=lambda link=link: link.bytes_received > 0)
         self.env.io.add_link(link)
         self.report(LinkUp(rail))
         link.grey = GreyDetector(self.env.rail_rates[rail])
@@ -580,23 +579,6 @@ class PeerChannel(PeerTimers):
             self.paths.ended(self.env.clock.now())
             self._apply_paths()
 
-    def relay_agreed(self) -> bool:
-        """Whether we take a frame of this peer without an end-to-end MAC (a pair that never
-        shared a link) that a third rank passed on: only while we route to it through a relay, or
-        have no path to it of our own (issue 48: not while our own links to it are healthy,
-        whatever a rank of the job claims). A frame whose MAC verified was sent by this peer
-        through that rank: its own choice of relay, taken whatever our links look like (a cross
-        leaves each end a rail it still believes up)."""
-        return self.relay is not None or self.no_path_since is not None or not self.live_links()
-
-    def refuse_relayed(self):
-        """A frame without an end-to-end MAC claiming to be this peer's came through another rank
-        while our own path to it looks healthy: dropped. A heartbeat on that path gives it something
-        to acknowledge, so a path that is broken in fact shows (its silence)."""
-        self.relayed_refused += 1
-        self._beat()
-        return self._done()
-
     def bad_relayed(self, link: Optional[Link], exc: ProtocolError):
         """(the relay's channel) A frame this peer passed on to us, claiming another rank as its
         source, breaks the protocol: it costs this peer's link it came on, that link only (as a
@@ -618,8 +600,8 @@ class PeerChannel(PeerTimers):
         try:
             try:
                 frame = self.pairs.open(frame)  # its end-to-end MAC: the relay cannot forge it
-            except Unknown:  # a key of a link we have not adopted yet (sent again later), no key while
-                self.relayed_unknown += 1  # we hold one (frames in flight), a replay: no verdict
+            except Unknown:  # a replay, or a peer whose public key we never read: no verdict
+                self.relayed_unknown += 1
                 return self._done()
             hdr = unpack_header(frame, self.env.config.max_frame_bytes)
             if len(frame) != HEADER_SIZE + hdr.length:

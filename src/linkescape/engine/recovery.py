@@ -391,8 +391,7 @@ class Recovery:
         eng = self.engine
         peer_expected = hs.peer_expected
         link = Link(sock, peer, rail, epoch, self.clock.now(),
-                    mac_key=hs.link_key if self.config.frame_auth else None,
-                    pair_key=getattr(hs.link_key, "pair", b""))
+                    mac_key=hs.link_key if self.config.frame_auth else None)
 
         def adopt() -> None:
             try:

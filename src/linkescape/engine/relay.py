@@ -166,6 +166,8 @@ class RelayRouter:
         ``through``: a rank that just passed a frame of ``dst``'s on to us (it
         reaches both of us now, whatever it said before): that one."""
         now = self.clock.now()
+        if not self.peers[dst].pairs.can_seal():
+            return None  # (no public key of dst: nothing we send it through a relay would be taken)
         if through is not None:
             self.refusals.pop((dst, through), None)
             peer = self.peers.get(through)
@@ -189,12 +191,7 @@ class RelayRouter:
         return RelayPath(via, dst, self.rail_word, self.window, now, self._pair(dst))
 
     def _pair(self, dst: int):
-        peer = self.peers.get(dst)
-        if peer is not None and getattr(peer, "pairs", None) is not None:
-            return peer.pairs
-        from ..protocol.relaymac import PairKeys
-
-        return PairKeys(self.rank, dst)  # (no key: its frames say so)
+        return self.peers[dst].pairs
 
     def saw(self, via: int, src: int) -> None:
         """``via`` passed a (verified) frame of ``src`` on to us."""

@@ -18,7 +18,7 @@ No sockets, threads or clocks here.
 from __future__ import annotations
 
 import collections
-from typing import Deque, List
+from typing import Deque
 
 import numpy as np
 

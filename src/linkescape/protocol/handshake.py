@@ -254,17 +254,15 @@ class FrameKeys:
     writes, ``recv`` checks what it reads (the other side holds them swapped).
     Never printed."""
 
-    __slots__ = ("send", "recv", "pair")
+    __slots__ = ("send", "recv")
 
-    def __init__(self, send: bytes, recv: bytes, pair: bytes = b"") -> None:
+    def __init__(self, send: bytes, recv: bytes) -> None:
         if len(send) < 16 or len(recv) < 16:
             raise ValueError("a frame key needs at least 16 bytes")
         if hmac.compare_digest(send, recv):
             raise ValueError("the two directions of a link need two keys")
         self.send = bytes(send)
         self.recv = bytes(recv)
-        #: the same on both sides: the key of the pair's relayed frames (protocol/relaymac.py)
-        self.pair = bytes(pair)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FrameKeys) and hmac.compare_digest(self.send + self.recv, other.send + other.recv)
@@ -276,7 +274,7 @@ class FrameKeys:
         return "FrameKeys(...)"
 
     def swapped(self) -> "FrameKeys":
-        return FrameKeys(self.recv, self.send, self.pair)
+        return FrameKeys(self.recv, self.send)
 
 
 def hkdf(ikm: bytes, salt: bytes, info: bytes, size: int = 32) -> bytes:
@@ -299,9 +297,7 @@ def link_keys(key: bytes, hello: "Hello", nonce_a: bytes, dialer: bool) -> Frame
     salt = hello.nonce + nonce_a
     d2a = hkdf(key, salt, _DOMAIN + b"frames dialer->acceptor\0" + fields)
     a2d = hkdf(key, salt, _DOMAIN + b"frames acceptor->dialer\0" + fields)
-    # the pair's key for frames a third rank passes on: it never saw these nonces
-    pair = hkdf(key, salt, _DOMAIN + b"relayed frames\0" + fields)
-    return FrameKeys(d2a, a2d, pair) if dialer else FrameKeys(a2d, d2a, pair)
+    return FrameKeys(d2a, a2d) if dialer else FrameKeys(a2d, d2a)
 
 
 class _Side:
