@@ -24,6 +24,9 @@ from ..protocol.frames import (ACK, DEFAULT_MAX_PAYLOAD, HEADER_SIZE, HEARTBEAT,
 #: control frames that overtake queued data frames (see ``Link.queue_control``)
 URGENT = frozenset((ACK, HEARTBEAT, NOTIFY_DOWN, NOTIFY_UP, NOTIFY_SILENT, NOTIFY_STALE, PEER_LOST, RELAY_UNREACH,
                     RELAY_RESET))
+#: bytes of frames one ``flush`` seals under frame MACs, at most (then it returns as if the
+#: socket were full: hashing is the CPU cost of a write there, ~1 ms per MiB)
+MAC_FLUSH_BUDGET = 1 << 20
 #: bytes one ``recv`` may take into the read buffer, at most (it starts at
 #: FIRST_READ_BUFFER: a link that carries little holds little)
 READ_BUFFER = 256 << 10
@@ -158,11 +161,17 @@ class Link:
         out = self.out
         sock = self.sock
         mac = self.mac
+        sealed = 0
         while out:
             item = out[0]
             if mac is not None and item.tag is None:
+                if sealed >= MAC_FLUSH_BUDGET:
+                    # a replay of megabytes is hashed a budget at a time: the poll comes back for the
+                    # rest (POLLOUT), and the other peers' notices and acks go out in between
+                    return False
                 item.tag = mac.seal(item.header, item.frame.payload) if item.frame is not None \
                     else mac.seal(item.header)
+                sealed += item.total
             pos = item.pos
             if mac is not None:
                 bufs = item.parts()
