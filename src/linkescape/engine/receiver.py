@@ -220,59 +220,18 @@ class Receiver:
     def on_readable(self, link: Link) -> None:
         """Read and apply frames until the socket has no more (or the link
         parks or goes down). Raises LinkEscapeError / OSError / BlockingIOError
-        to the caller."""
+        to the caller. One loop for both kinds of link: without frame MACs a
+        header is acted on as soon as it is read and a DATA payload goes
+        straight to where it belongs (``_header``, ``deliver``); with them
+        (``link.mac``) each frame is read whole (header, payload, tag) and
+        acted on only once its tag verified, so a forged frame changes nothing
+        (it costs the link: a FrameAuthError) (``_sealed_room``, ``_verified``)."""
         if link.parked:  # waiting for an earlier frame or a posted receive: stop looking (see _park)
             self._reading(link, False)
             return
         self.heard = self.peer.env.clock.now()
-        if link.mac is not None:
-            self._on_readable_sealed(link)
-            return
-        peer = self.peer
-        bound = peer.env.config.max_frame_bytes
-        drained = False
-        while True:
-            hdr = link.hdr
-            if hdr is None:
-                hdr = link.take_header(bound)
-                if hdr is None:
-                    if drained:
-                        return
-                    drained = link.fill()
-                    continue
-                if hdr.ack:
-                    peer.outbound.on_ack(hdr.ack)
-                if hdr.rails != peer.peer_rails.word:
-                    peer.on_peer_rails(hdr.rails)
-                    if not link.open:
-                        return  # this very rail is down on the peer's side
-                kind = hdr.kind
-                if kind != DATA and kind != RELAY:
-                    peer.on_control(link, hdr)
-                    if not link.open:
-                        return
-                    continue
-                link.hdr = hdr
-                if not self.bind(link):
-                    return
-            if link.sink_got < len(link.sink):
-                got = link.take_payload()
-                if got is not True:
-                    if got is None or drained:
-                        return
-                    drained = link.fill()
-                    continue
-            self.deliver(link)
-            if not link.open or link.parked:
-                return
-
-    # ------------------------------------------------------------ frames with MACs
-    def _on_readable_sealed(self, link: Link) -> None:
-        """A link with frame MACs: each frame is read whole (header, payload,
-        tag) and acted on only once its tag verified, so a forged frame
-        changes nothing (it costs the link: a ProtocolError)."""
-        peer = self.peer
-        bound = peer.env.config.max_frame_bytes
+        sealed = link.mac is not None
+        bound = self.peer.env.config.max_frame_bytes
         drained = False
         while True:
             hdr = link.hdr
@@ -284,9 +243,15 @@ class Receiver:
                         return
                     drained = link.fill()
                     continue
-                link.hdr = hdr
-                link.binding = bytes(link.rview[pos:pos + HEADER_SIZE])  # what the tag covers
-                if not self._sealed_room(link):
+                if sealed:
+                    link.hdr = hdr
+                    link.binding = bytes(link.rview[pos:pos + HEADER_SIZE])  # what the tag covers
+                    go = self._sealed_room(link)
+                else:
+                    go = self._header(link, hdr)
+                    if go is None:
+                        continue  # a control frame, applied: the next
+                if not go:
                     return
             if link.sink_got < len(link.sink):
                 got = link.take_payload()
@@ -295,16 +260,42 @@ class Receiver:
                         return
                     drained = link.fill()
                     continue
-            hdr, head, whole = link.hdr, link.binding, link.sink
-            payload = whole[:hdr.length]
-            if not link.mac.check(whole[hdr.length:], head, payload):
-                raise FrameAuthError(f"frame {link.mac.received - 1} on the link fails its MAC (forged, altered or "
-                                    f"out of place; LINKESCAPE_FRAME_AUTH must be the same on every rank)",
-                                    peer=peer.rank, rail=link.rail)
-            link.reset_read()
-            self._sealed_frame(link, hdr, payload)
+            if sealed:
+                self._verified(link)
+            else:
+                self.deliver(link)
             if not link.open or link.parked:
                 return
+
+    def _header(self, link: Link, hdr) -> Optional[bool]:
+        """(no frame MACs) A header just read: its ack and rail word are applied, a control frame
+        too (None: read the next). True: its payload follows (bound); False: stop reading (the
+        link went down or parked)."""
+        peer = self.peer
+        if hdr.ack:
+            peer.outbound.on_ack(hdr.ack)
+        if hdr.rails != peer.peer_rails.word:
+            peer.on_peer_rails(hdr.rails)
+            if not link.open:
+                return False  # this very rail is down on the peer's side
+        kind = hdr.kind
+        if kind != DATA and kind != RELAY:
+            peer.on_control(link, hdr)
+            return None if link.open else False
+        link.hdr = hdr
+        return self.bind(link)
+
+    # ------------------------------------------------------------ frames with MACs
+    def _verified(self, link: Link) -> None:
+        """(frame MACs) A frame read whole: acted on once its tag verified."""
+        hdr, head, whole = link.hdr, link.binding, link.sink
+        payload = whole[:hdr.length]
+        if not link.mac.check(whole[hdr.length:], head, payload):
+            raise FrameAuthError(f"frame {link.mac.received - 1} on the link fails its MAC (forged, altered or "
+                                 f"out of place; LINKESCAPE_FRAME_AUTH must be the same on every rank)",
+                                 peer=self.peer.rank, rail=link.rail)
+        link.reset_read()
+        self._sealed_frame(link, hdr, payload)
 
     def _sealed_room(self, link: Link) -> bool:
         """May the current frame be read now (its payload kept until verified)?
