@@ -359,6 +359,14 @@ class Engine:
         self.io.add_fd(fd, handler)
         self.wake()
 
+    def heap_due(self) -> Optional[float]:
+        """(Recovery) When the heap an outage freed goes back to the system (engine/heap.py)."""
+        return self.heap.due()
+
+    def trim_heap(self, now: float) -> None:
+        """(Recovery's thread, off the lock) Give the freed heap back if it is due."""
+        self.heap.run(now)
+
     def remove_fd(self, fd: int) -> None:
         self.io.remove_fd(fd)
 

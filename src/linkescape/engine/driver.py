@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 from .messages import Op
 from .peer import INF
+from .ports import DriverPort
 
 log = logging.getLogger("linkescape.engine")
 
@@ -32,7 +33,7 @@ HANDOVER_WAIT = 0.02
 
 
 class Driver:
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: DriverPort) -> None:
         self.engine = engine
         #: every state change of the engine happens under this lock
         self.lock = threading.RLock()

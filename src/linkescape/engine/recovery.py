@@ -35,6 +35,7 @@ from ..protocol.linkstate import Ev
 from ..transport import tcp
 from .link import Link
 from .peer import INF, STRANDED_CONNECT
+from .ports import RecoveryPort
 
 log = logging.getLogger("linkescape.recovery")
 
@@ -93,7 +94,7 @@ class _Probe:
 
 
 class Recovery:
-    def __init__(self, engine, auth, acceptor, rail_addrs: Sequence[str], rail_ifnames: Sequence[Optional[str]],
+    def __init__(self, engine: RecoveryPort, auth, acceptor, rail_addrs: Sequence[str], rail_ifnames: Sequence[Optional[str]],
                  peer_addrs: Dict[int, List[Tuple[str, int]]], config: Config) -> None:
         self.engine = engine
         self.auth = auth
@@ -224,7 +225,7 @@ class Recovery:
             if self.acceptor.fileno() in ready:
                 self._accept()
             now = self.clock.now()
-            self.engine.heap.run(now)
+            self.engine.trim_heap(now)
             self._advance_dials(ready, now)
             self._advance_probes(ready, now)
             self._start_dials(now)
@@ -248,7 +249,7 @@ class Recovery:
         for peer in self.engine.probes_wanted():
             at = self._probed.get(peer, -PROBE_INTERVAL) + PROBE_INTERVAL
             due = at if due is None else min(due, at)
-        trim = self.engine.heap.due()  # an outage ended: its freed heap goes back (engine/heap.py)
+        trim = self.engine.heap_due()  # an outage ended: its freed heap goes back (engine/heap.py)
         if trim is not None:
             due = trim if due is None else min(due, trim)
         return due
