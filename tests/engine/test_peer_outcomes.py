@@ -535,11 +535,11 @@ def test_an_owed_ack_waits_for_a_frame_to_carry_it_then_goes_alone(rig):
     from linkescape.protocol.frames import ACK
 
     _post_first_collective_recv(rig)
-    rig.env.wake_at = INF
+    rig.env.wakeup.take()
     t0 = rig.clock.now()
     rig.send(0, pack_header(DATA, 1, 0, msg=1, offset=0, length=4, sig=0, arg=4) + b"wxyz")
     assert rig.peer.inbound.ack_owed
-    assert rig.env.wake_at == pytest.approx(t0 + ACK_NET)
+    assert rig.env.wakeup.at == pytest.approx(t0 + ACK_NET)
     rig.frames_at_remote(0)
     due, _ = _tick(rig)
     assert due == pytest.approx(t0 + ACK_DELAY)
@@ -573,12 +573,12 @@ def test_a_receive_on_an_idle_pair_asks_the_timers_for_its_heartbeats(rig):
     from linkescape.engine.peer import INF
 
     rig.clock.advance(5.0)  # the links have been quiet for a while
-    rig.env.wake_at = INF
+    rig.env.wakeup.take()
     _post_first_collective_recv(rig)
-    assert rig.env.wake_at <= rig.clock.now()  # due now: its links last sent long ago
-    rig.env.wake_at = INF
+    assert rig.env.wakeup.at <= rig.clock.now()  # due now: its links last sent long ago
+    rig.env.wakeup.take()
     _post_first_collective_recv(rig)  # engaged already: nothing new is due
-    assert rig.env.wake_at == INF
+    assert rig.env.wakeup.at == INF
 
 
 def test_bytes_sent_ask_for_their_silence_check(rig):
@@ -586,11 +586,11 @@ def test_bytes_sent_ask_for_their_silence_check(rig):
 
     m = OutMessage(Op(1, "t", 1e9), 1, 1, 0, memoryview(b"0123"))
     rig.peer.post_send(m)  # (asks for the backup's first beat: the other test)
-    rig.env.wake_at = INF
+    rig.env.wakeup.take()
     rig.peer.pump()
     link = rig.links[0]
     assert link.pending_since == rig.clock.now()
-    assert rig.env.wake_at == pytest.approx(link.silent_at)
+    assert rig.env.wakeup.at == pytest.approx(link.silent_at)
     assert link.silent_at == pytest.approx(rig.clock.now() + rig.config.silent_timeout)
 
 
@@ -606,10 +606,10 @@ def test_the_lower_rank_tells_the_dialer_a_link_it_dropped_is_gone_whenever_a_li
     r = Rig(nrails=3)
     try:
         r.frames_at_remote(0)
-        r.env.local_down |= 1 << 1  # our NIC on rail 1 lost carrier ...
+        r.env.update(local_down=r.env.local_down | 1 << 1)  # our NIC on rail 1 lost carrier ...
         r.peer.link_failed(1, Ev.CARRIER_DOWN, "r1 lost carrier")
         assert _stale_notices(r, 0) == []  # ... nobody can dial rail 1 now
-        r.env.local_down &= ~(1 << 1)  # it is back
+        r.env.update(local_down=r.env.local_down & ~(1 << 1))  # it is back
         r.peer.notify(NOTIFY_UP, 1)
         assert _stale_notices(r, 0) == [(1, 1)]  # epoch 1: the start-up link
         # every link that comes up says it again (a notice dies with the link that carried it)
@@ -625,11 +625,13 @@ def test_the_lower_rank_tells_the_dialer_a_link_it_dropped_is_gone_whenever_a_li
 
 
 def test_the_dialer_never_tells_and_ignores_a_notice_about_a_newer_link(rig):
-    rig.env.rank = rig.peer.paths.me = 2  # we dial rank 1's links
+    rig.peer.paths.me = 2
+    object.__setattr__(rig.env, "rank", 2)  # (a test plays the other end)  # we dial rank 1's links
     rig.frames_at_remote(0)
     rig.peer.link_failed(1, Ev.TIMEOUT, "silent")
     assert _stale_notices(rig, 0) == []
-    rig.env.rank = rig.peer.paths.me = 0
+    rig.peer.paths.me = 0
+    object.__setattr__(rig.env, "rank", 0)
     rig.open(1, peer_expected=1, epoch=3)  # a re-dialed link, newer than what the notice speaks of
     out = rig.send(0, pack_header(NOTIFY_STALE, 0, 0, arg=1 | 2 << 8))
     assert not [e for e in events(out) if e[0] == "link_down"] and rig.peer.links[1] is rig.links[1]
@@ -748,7 +750,8 @@ def test_the_last_rail_lost_dials_the_down_ones_again_at_once():
     pair's links (it is the higher rank), and does so now, not when rail 0's back-off ends."""
     r = Rig(nrails=2)
     try:
-        r.env.rank = r.peer.paths.me = 2  # the higher rank of the pair: it re-dials
+        r.peer.paths.me = 2
+        object.__setattr__(r.env, "rank", 2)  # (a test plays the other end)  # the higher rank of the pair: it re-dials
         out = r.send(1, pack_header(HEARTBEAT, 0, 0, rails=(1 << 8) | 1))  # the peer's rail 0 lost carrier
         assert not any(isinstance(o, NoPath) for o in out) and not r.peer.stranded
         st = r.peer.status[0]
@@ -760,3 +763,22 @@ def test_the_last_rail_lost_dials_the_down_ones_again_at_once():
         assert st.next_probe == r.clock.now() and st.backoff == 0.0
     finally:
         r.close()
+
+
+def test_peer_env_is_read_only_to_the_peers(rig):
+    """Issue 49: the peers read PeerEnv; only the engine changes what it holds (``update``), and
+    only what changes while it runs. A peer's request for the timers goes to the engine's Wakeup."""
+    from linkescape.engine.peer import INF
+
+    with pytest.raises(AttributeError, match="read-only"):
+        rig.env.local_down = 1
+    with pytest.raises(AttributeError):
+        rig.env.watermark = 0
+    with pytest.raises(AttributeError, match="does not change"):
+        rig.env.update(config=None)
+    rig.env.update(local_down=2)
+    assert rig.env.local_down == 2
+    rig.env.wakeup.take()
+    rig.env.soon(5.0)
+    rig.env.soon(7.0)
+    assert rig.env.wakeup.take() == 5.0 and rig.env.wakeup.at == INF

@@ -34,7 +34,7 @@ def test_a_deadline_asked_for_before_the_poll_bounds_its_sleep(engine):
     engine.env.soon(now + 0.2)
     engine.progress_once(1.0)
     assert engine.polls[-1] == pytest.approx(0.2)
-    assert engine.env.wake_at == INF  # taken up by the round ...
+    assert engine.env.wakeup.at == INF  # taken up by the round ...
     assert engine.next_timer == pytest.approx(now + 0.2)  # ... as the next timer round
 
 

@@ -208,7 +208,7 @@ class Engine:
     def timers_wanted(self) -> bool:
         """(lock held) A deadline was asked for since the last round (``PeerEnv.soon``):
         whoever polls next must know of it."""
-        return self.env.wake_at < INF
+        return self.env.wakeup.at < INF
 
     def start(self) -> None:
         """Connected: the beacon's thread may start."""
@@ -272,7 +272,7 @@ class Engine:
         an emulated cut (``close=False``), left open and unused."""
         if ev is Ev.CARRIER_DOWN:
             self.rail_word.set(rail, True)  # every frame from now on says so
-        self.env.local_down |= 1 << rail
+        self.env.update(local_down=self.env.local_down | 1 << rail)
         peers = [p for p in self.peers.values() if p.links[rail] is not None]
         if notify:
             for peer in peers:
@@ -285,7 +285,7 @@ class Engine:
     def local_rail_up(self, rail: int) -> None:
         """Our NIC on ``rail`` is back: retry its links at once, tell the peers."""
         self.rail_word.set(rail, False)
-        self.env.local_down &= ~(1 << rail)
+        self.env.update(local_down=self.env.local_down & ~(1 << rail))
         for peer_rank, r in list(self.down):
             if r == rail:
                 peer = self.peers[peer_rank]
@@ -297,9 +297,9 @@ class Engine:
         """Record our NIC on ``rail`` as down or up in the word every frame carries."""
         self.rail_word.set(rail, down)
         if down:
-            self.env.local_down |= 1 << rail
+            self.env.update(local_down=self.env.local_down | 1 << rail)
         else:
-            self.env.local_down &= ~(1 << rail)
+            self.env.update(local_down=self.env.local_down & ~(1 << rail))
 
     def dial_failed(self, peer_rank: int, rail: int, refused: bool, answered: bool = False) -> None:
         """A re-dial failed: ``refused`` (nobody listens), or ``answered`` (the peer's kernel
@@ -476,7 +476,7 @@ class Engine:
         if link is None:
             self._apply(src, src.tell(RELAY_UNREACH, dst_rank))
         else:
-            self.env.relaying = self.relays.pairs()
+            self.env.update(relaying=self.relays.pairs())
             self._apply(dst, dst.flush(link))
         self._resume_unblocked()
 
@@ -662,7 +662,7 @@ class Engine:
     def progress_once(self, timeout: float) -> None:
         """One round: poll, read, write, timers."""
         io = self.io
-        wake = self.env.wake_at
+        wake = self.env.wakeup.at
         if wake < INF:
             # a deadline asked for since the last round (an op posted before this
             # poll sent bytes that now wait for an ack): the poll must not outsleep it
@@ -700,7 +700,7 @@ class Engine:
         # deadlines set in this round (bytes of ours now wait for an ack, an ack
         # is owed, a peer's state changed); the timers re-derive them all
         env = self.env
-        wake, env.wake_at = env.wake_at, INF
+        wake = env.wakeup.take()
         if now >= self.next_timer or wake <= now:
             self._timers(now)
         elif wake < self.next_timer:

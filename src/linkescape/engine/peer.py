@@ -98,13 +98,55 @@ class Matcher:
         self.coll_failed.clear()
 
 
+class Wakeup:
+    """The earliest a peer asked the timers for since the engine last looked (a deadline set
+    outside a timer round: a silence check, an owed ack). Peers ask (``soon``); the engine takes it."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = INF
+
+    def soon(self, when: float) -> None:
+        """Run the timers no later than ``when``."""
+        if when < self.at:
+            self.at = when
+
+    def take(self) -> float:
+        at, self.at = self.at, INF
+        return at
+
+
+class Scratch:
+    """A buffer for payload bytes nobody needs (duplicates, dropped messages), shared by the peers."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = memoryview(bytearray(1 << 16))
+
+    def discard(self, n: int) -> memoryview:
+        if len(self._buf) < n:
+            self._buf = memoryview(bytearray(n))
+        return self._buf[:n]
+
+
 class PeerEnv:
-    """What every peer of one rank is given when it is built."""
+    """What every peer of one rank is given when it is built. Read-only to the peers: the
+    engine alone changes ``local_down`` and ``relaying`` (``update``); a peer asks for the
+    timers through ``soon`` (the engine's ``Wakeup``) and for a buffer to drop bytes into through
+    ``discard`` (a ``Scratch``), which are not state of this object."""
+
+    __slots__ = ("rank", "nrails", "config", "clock", "io", "policy", "rail_word", "rail_rates", "matcher",
+                 "protect", "relay_admit", "keys", "ack_silence", "watermark", "relaying", "local_down",
+                 "wakeup", "soon", "discard", "_frozen")
 
     def __init__(self, rank: int, nrails: int, config, clock, io, policy: PathPolicy, rail_word, rail_rates,
                  matcher: Matcher, protect: Callable[[memoryview], None],
                  relay_admit: Callable[[int, int, int], bool], tcp_probe=ack_silence,
                  keys: Optional[RankKeys] = None) -> None:
+        s = object.__setattr__
+        s(self, "_frozen", False)
         self.rank = rank
         self.nrails = nrails
         self.config = config
@@ -127,21 +169,24 @@ class PeerEnv:
         #: rails this rank holds down, a bitmask: its NIC without carrier, or an
         #: emulated fault (neither dialed nor accepted on until it is back)
         self.local_down = 0
-        #: the earliest a peer asked the timers for since the engine last looked
-        #: (a deadline set outside a timer round: a silence check, an owed ack)
-        self.wake_at = INF
-        self._scratch = memoryview(bytearray(1 << 16))
+        self.wakeup = Wakeup()
+        #: ``soon(when)``: run the timers no later than ``when``
+        self.soon = self.wakeup.soon
+        #: ``discard(n)``: a buffer for ``n`` payload bytes nobody needs
+        self.discard = Scratch().discard
+        s(self, "_frozen", True)
 
-    def soon(self, when: float) -> None:
-        """Run the timers no later than ``when``."""
-        if when < self.wake_at:
-            self.wake_at = when
+    def __setattr__(self, name: str, value) -> None:
+        if self._frozen:
+            raise AttributeError(f"PeerEnv.{name} is read-only to the peers (the engine uses update())")
+        object.__setattr__(self, name, value)
 
-    def discard(self, n: int) -> memoryview:
-        """A buffer for payload bytes nobody needs (duplicates)."""
-        if len(self._scratch) < n:
-            self._scratch = memoryview(bytearray(n))
-        return self._scratch[:n]
+    def update(self, **fields) -> None:
+        """(the engine only) Change what the peers read: ``local_down``, ``relaying``."""
+        for name, value in fields.items():
+            if name not in ("local_down", "relaying"):
+                raise AttributeError(f"PeerEnv.{name} does not change while the engine runs")
+            object.__setattr__(self, name, value)
 
 
 class PeerChannel(PeerTimers):
