@@ -14,7 +14,6 @@ event), and several processes may share one file without interleaving lines.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import threading
@@ -125,7 +124,7 @@ class EventLog:
         }
         record.update(extra)
         # default=str: an odd extra (an exception, a Path) must not lose the event
-        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
+        line = jsonl.encode(record, compact=True).encode()
         with self._lock:
             if self._fd is not None:
                 try:

@@ -218,15 +218,12 @@ class Reporter:
 
 # ====================================================================== medians of runs
 def load(paths: Iterable[str]) -> List[List[dict]]:
+    """Each file's records: a JSON array, or JSON lines (as ``--json`` writes them: jsonl.read)."""
     runs = []
     for path in paths:
         with open(path) as f:
             text = f.read()
-        stripped = text.lstrip()
-        if stripped.startswith("["):
-            runs.append(json.loads(text))
-        else:
-            runs.append([json.loads(line) for line in text.splitlines() if line.strip()])
+        runs.append(json.loads(text) if text.lstrip().startswith("[") else jsonl.read(path))
     return runs
 
 

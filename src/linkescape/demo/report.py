@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonl
 from ..private import redact_env
-from ..tools.timeline import (DETECT_EVENTS, NOT_SEEN, draw_timeline, fault_timing, format_ms,  # noqa: F401
+from ..tools.timeline import (DETECT_EVENTS, NOT_SEEN, draw_timeline, fault_timing, format_ms, ms,  # noqa: F401
                               related, relay_intervals, relay_pairs)
 
 
@@ -507,7 +507,7 @@ def _md_relays(rep: Dict[str, Any]) -> List[str]:
                  f"for {format_ms(f.get('relayed_ms'), NOT_SEEN)}, and went back to a direct rail "
                  f"{format_ms(f.get('recovery_ms'), NOT_SEEN)} after the repair "
                  f"({f.get('relay_on', 0)} relay_on / {f.get('relay_off', 0)} relay_off events); the longest "
-                 f"training step meanwhile took {format_ms(_ms_of(f.get('longest_step_s')), NOT_SEEN)}.")
+                 f"training step meanwhile took {format_ms(ms(f.get('longest_step_s')), NOT_SEEN)}.")
     if relays:
         L.append("")
         L.append("| pair | via | relayed at | until | for | ended by | bytes through the relay |")
@@ -523,10 +523,6 @@ def _md_relays(rep: Dict[str, Any]) -> List[str]:
              "`relay_on` when the first frame comes back through it, `relay_off` (`path_back`) once a direct "
              "rail is back and past its hold-down.")
     return L
-
-
-def _ms_of(seconds: Optional[float]) -> Optional[float]:
-    return None if seconds is None else seconds * 1000.0
 
 
 def _md_verdict(rep: Dict[str, Any]) -> List[str]:

@@ -335,6 +335,11 @@ def union_seconds(spans: Sequence[Tuple[float, float]]) -> float:
     return total
 
 
+def ms(seconds: Optional[float]) -> Optional[float]:
+    """Seconds to milliseconds; None stays None."""
+    return None if seconds is None else seconds * 1000.0
+
+
 def format_ms(v: Optional[float], missing: str = "-") -> str:
     """Milliseconds for people: ``< 1 ms``, one decimal below 10 ms, whole ones above; ``missing`` for None."""
     if v is None:

@@ -16,6 +16,7 @@ from ...faults.measure import first_event, summarize
 from ...testbed.counters import Counters, kernel_time
 from ...testbed.netns import rate_bps as parse_rate
 from .settings import LOST_SPAN_S, Settings
+from ...tools.timeline import ms
 
 #: (summary key, per-fault key, whether the per-fault value is a dict per peer)
 SUMMARY = (("detect_local_ms", "local_ms", False), ("detect_local_kernel_ms", "local_kernel_ms", False),
@@ -41,11 +42,6 @@ DATA_SHARE = 0.01
 _NEEDS_BASELINE = ("restore", "lost", "failback_tput")
 _EVENT_KEYS = ("ts", "rank", "event", "peer", "rail", "cause", "detail")
 Explained = Set[Tuple[int, int]]  # (rank, index in events[rank]) of link events some fault explains
-
-
-def ms(x: Optional[float]) -> Optional[float]:
-    """Seconds to milliseconds, None stays None."""
-    return None if x is None else x * 1000.0
 
 
 def ops_rate(dones: Sequence[dict], t0: float, t1: float) -> Optional[float]:

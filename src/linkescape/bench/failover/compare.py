@@ -21,7 +21,8 @@ import numpy as np
 from ...faults.measure import summarize
 from ...testbed.counters import Counters, NicSampler, kernel_time
 from ...testbed.netns import rate_bps as parse_rate
-from .analysis import analyze_series, lost_ms, ms
+from ...tools.timeline import ms
+from .analysis import analyze_series, lost_ms
 from .series import namespace_congestion, run_fault_series
 from .settings import Log, Settings, cc_env
 

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...faults.measure import first_event, summarize
 from ...testbed.counters import NicSampler
-from .analysis import busbw_from_dones, ms
+from ...tools.timeline import ms
+from .analysis import busbw_from_dones
 from .job import FailoverJob
 from .settings import FAULT_KINDS, Log, Settings, policy_env
 
