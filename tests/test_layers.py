@@ -108,3 +108,31 @@ def test_no_module_reaches_a_thousand_lines():
     module reaches a thousand)."""
     long = {name: n for name, path in _modules() if (n := len(path.read_text().splitlines())) >= 1000}
     assert not long, long
+
+
+#: the library: what a training job imports (docs/architecture.md, "The library and its tools")
+LIBRARY = set().union(*FLOORS) | SHARED | {"torch", "__init__", "testing", "torchft.__init__",
+                                            "torchft.process_group", "torchft.reuse"}
+#: the tools around it, which the library never imports
+TOOLS = {"cli", "testbed", "faults", "chaos", "bench", "demo", "tools", "torchft.analysis",
+         "torchft.configure_time", "torchft.demo", "torchft.run", "torchft.train"}
+
+
+def _part(name: str, parts: set) -> bool:
+    """Whether module ``name`` is in ``parts`` (a package there, or the module itself)."""
+    return _top(name) in parts or name in parts or any(name.startswith(p + ".") for p in parts)
+
+
+def test_the_library_never_imports_the_tools():
+    """Issue 49: the library (protocol, transport, health, engine, algorithms, the communicator,
+    the torch backend, torchft's process group and the shared modules) imports nothing of the
+    tools (the CLI, testbed, faults, chaos, bench, demo, tools, and torchft's demos and
+    measurements), however deep the import; every module is one or the other."""
+    names = [name for name, _ in _modules()]
+    neither = [n for n in names if not _part(n, LIBRARY) and not _part(n, TOOLS)]
+    assert not neither, neither
+    for name, path in _modules():
+        if not _part(name, LIBRARY):
+            continue
+        for target in _imports(name, path, module_level_only=False):
+            assert not _part(target, TOOLS), f"library module {name} imports the tool {target}"
