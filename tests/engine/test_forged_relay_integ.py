@@ -19,7 +19,7 @@ import pytest
 
 from linkescape import Config
 from linkescape.engine.link import WireItem
-from linkescape.protocol.frames import (BYE, DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, PEER_LOST, RELAY,
+from linkescape.protocol.frames import (BYE, DATA, FLAG_PASSED, HEARTBEAT, PEER_LOST, RELAY,
                                         pack_header)
 from linkescape.protocol.relaymac import SCHEME, TRAILER, RankKeys
 from linkescape.testing import raise_first, run_ranks

@@ -530,7 +530,6 @@ def _tick(rig):
 def test_an_owed_ack_waits_for_a_frame_to_carry_it_then_goes_alone(rig):
     """An ack owed goes alone only after ACK_DELAY; until then the timers
     are due for it (and the receiver asked for a round as a net, later)."""
-    from linkescape.engine.peer import INF
     from linkescape.engine.receiver import ACK_DELAY, ACK_NET
     from linkescape.protocol.frames import ACK
 
@@ -582,7 +581,6 @@ def test_a_receive_on_an_idle_pair_asks_the_timers_for_its_heartbeats(rig):
 
 
 def test_bytes_sent_ask_for_their_silence_check(rig):
-    from linkescape.engine.peer import INF
 
     m = OutMessage(Op(1, "t", 1e9), 1, 1, 0, memoryview(b"0123"))
     rig.peer.post_send(m)  # (asks for the backup's first beat: the other test)
