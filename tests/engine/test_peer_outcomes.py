@@ -15,7 +15,8 @@ from linkescape.engine.io import POLLIN, IoSet
 from linkescape.engine.link import Link
 from linkescape.engine.messages import InMessage, Op, OutMessage
 from linkescape.engine.outcomes import (Emit, Fatal, LinkDown, LinkUp, NoPath, PathBack, RecvDone, Redial, Relayed)
-from linkescape.engine.peer import Matcher, PeerChannel, PeerEnv
+from linkescape.engine.env import Matcher, PeerEnv
+from linkescape.engine.peer import PeerChannel
 from linkescape.engine.relay import RelayRouter
 from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, NOTIFY_STALE, NOTIFY_UP, P2P_FLAG,
                                        RELAY, pack_header, unpack_header)
@@ -569,7 +570,7 @@ def test_an_owed_ack_goes_with_the_next_data_frame_and_never_alone(rig):
 
 def test_a_receive_on_an_idle_pair_asks_the_timers_for_its_heartbeats(rig):
     """No fixed tick: the engine learns of the first beat's deadline from the peer."""
-    from linkescape.engine.peer import INF
+    from linkescape.engine.env import INF
 
     rig.clock.advance(5.0)  # the links have been quiet for a while
     rig.env.wakeup.take()
@@ -766,7 +767,7 @@ def test_the_last_rail_lost_dials_the_down_ones_again_at_once():
 def test_peer_env_is_read_only_to_the_peers(rig):
     """Issue 49: the peers read PeerEnv; only the engine changes what it holds (``update``), and
     only what changes while it runs. A peer's request for the timers goes to the engine's Wakeup."""
-    from linkescape.engine.peer import INF
+    from linkescape.engine.env import INF
 
     with pytest.raises(AttributeError, match="read-only"):
         rig.env.local_down = 1

@@ -9,7 +9,7 @@ import pytest
 from linkescape.config import Config
 from linkescape.engine.clock import FakeClock
 from linkescape.engine.core import Engine
-from linkescape.engine.peer import INF
+from linkescape.engine.env import INF
 
 
 @pytest.fixture

@@ -30,10 +30,10 @@ from ..config import Config
 from ..errors import CommClosed, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import address_range
 from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH
-from ..protocol.grey import RailRate, Window
-from ..protocol.linkstate import Ev, PathPolicy, State
+from ..protocol.grey import RailRate
+from ..protocol.linkstate import Ev, PathPolicy
 from ..protocol.railstate import RailWord
-from ..transport.tcp import ack_silence, tcp_sample
+from ..transport.tcp import ack_silence
 from .clock import SYSTEM, Clock
 from .beacon import Beacon
 from .completion import OpTable
@@ -44,8 +44,11 @@ from .liveness import PROBE, Expired, Gone, Liveness
 from .messages import ANY_SOURCE, Op, enqueue
 from .outcomes import (Closed, Emit, Fatal, Forward, LinkDown, LinkUp, LostReported, NoPath, OpFailed, PathBack,
                        RecvDone, Redial, Relayed, RelayEnded, RelayReset, Unreachable)
-from .peer import INF, Matcher, PeerChannel, PeerEnv
+from .env import INF, Matcher, PeerEnv
+from .peer import PeerChannel
 from .probes import ProbeBudget
+from .greywatch import sample_grey
+from .peer_table import PeerTable
 from .relay import RelayRouter
 
 
@@ -55,7 +58,6 @@ log = logging.getLogger("linkescape.engine")
 #: some link carries bulk (GREY_BULK bytes or more in a sample, busy); else the
 #: samples are taken when the timers run for something else
 GREY_INTERVAL = 0.1
-GREY_BULK = 64 << 10
 #: timer cadence while a fault is handled with some hot peer (no path, EOF,
 #: a rail held out, parked or stashed frames, a relay)
 TICK = 0.01
@@ -73,34 +75,6 @@ RELAY_RETRY = 0.5
 #: events that end an outage: what it made the rank hold has been freed, so
 #: the heap is trimmed (by Recovery, at most once a second: engine/heap.py)
 OUTAGE_ENDS = frozenset({"link_up", "failback", "relay_off"})
-
-
-class PeerTable(dict):
-    """The rank's peers, by rank. A peer's channel is built when first looked up with
-    ``table[rank]`` (``get`` and iteration see only those built): start-up builds its
-    ring neighbours' (``Engine(peers_now=)``) and the progress thread the rest right
-    after (``Engine.build_peers``), off the caller's path. ``build`` (the engine's)
-    builds one and marks its links for Recovery to open, as start-up's backups are."""
-
-    __slots__ = ("ranks", "me", "build")
-
-    def __init__(self, ranks: range, me: int, build: Callable[[int], PeerChannel]) -> None:
-        super().__init__()
-        self.ranks = ranks
-        self.me = me
-        self.build = build
-
-    def __missing__(self, rank: int) -> PeerChannel:
-        if type(rank) is not int or rank == self.me or rank not in self.ranks:
-            raise KeyError(rank)
-        return self.build(rank)
-
-    def find(self, rank) -> Optional[PeerChannel]:
-        """The peer ``rank`` (built now if it was not), None if there is no such peer."""
-        try:
-            return self[rank]
-        except KeyError:
-            return None
 
 
 class Engine:
@@ -776,40 +750,8 @@ class Engine:
                 self._probed = (peer, link)
 
     def _grey(self, now: float) -> bool:
-        """Grey failure, per rail: every busy link's goodput window, judged
-        against its rail's reference and its rail's total (so a link that
-        only shares a healthy NIC is not grey); held links' cleanliness.
-        True when a link was held or busy (data outstanding) for part of its window."""
-        windows: Dict[int, list] = {}
-        judged = []
-        busy = False
-        for peer in tuple(self.hot):  # a link that carried bytes belongs to a hot peer
-            for link in peer.links:
-                if link is None or peer.status[link.rail].state is not State.UP or link.grey is None:
-                    continue
-                held = peer.avoid >> link.rail & 1
-                if not held and link.bytes_sent == link.grey_sent:
-                    continue  # it carried nothing since the last sample: nothing to judge
-                link.grey_sent = link.bytes_sent
-                try:
-                    sample = tcp_sample(link.sock, now)
-                except OSError:
-                    continue
-                w = link.grey.measure(sample)
-                if held:
-                    busy = True
-                    self._apply(peer, peer.hold_sample(link, now, sample.retrans_segs, sample.data_segs))
-                elif w is not None:
-                    busy = busy or (w.busy >= link.grey.min_busy * w.dt and w.sent >= GREY_BULK)
-                    windows.setdefault(link.rail, []).append(w)
-                    judged.append((peer, link, w))
-        for rail, ws in windows.items():
-            self.rail_rates[rail].observe(Window.total(ws))
-        for peer, link, w in judged:
-            if (peer.links[link.rail] is link and link.grey.judge(w, now)
-                    and peer.other_clean_rail(link.rail)):
-                self._apply(peer, peer.degraded(link))
-        return busy
+        """Grey failure, per rail (engine/greywatch.py): True when a link was held or busy."""
+        return sample_grey(self.hot, self.rail_rates, now, self._apply)
 
     # ------------------------------------------------------------ operators' view (lock held)
     def rail_totals(self) -> List[tuple]:

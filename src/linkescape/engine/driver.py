@@ -17,7 +17,7 @@ import threading
 from typing import Callable, Optional, Sequence, TypeVar
 
 from .messages import Op
-from .peer import INF
+from .env import INF
 from .ports import DriverPort
 
 log = logging.getLogger("linkescape.engine")

@@ -34,7 +34,8 @@ from ..errors import HandshakeError
 from ..protocol.linkstate import Ev
 from ..transport import tcp
 from .link import Link
-from .peer import INF, STRANDED_CONNECT
+from .env import INF
+from .peer import STRANDED_CONNECT
 from .ports import RecoveryPort
 
 log = logging.getLogger("linkescape.recovery")
@@ -59,40 +60,6 @@ FIRST_DIAL = 10.0
 CLOSE_DIALS = 1.0
 
 
-class _Probe:
-    """A non-blocking connect to a peer's listener, closed at once: a refusal
-    (RST) says nobody listens there."""
-
-    def __init__(self, peer: int, rail: int, local: str, remote: Tuple[str, int], deadline: float) -> None:
-        self.peer = peer
-        self.rail = rail
-        self.deadline = deadline
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setblocking(False)
-        self.err = 0
-        try:
-            self.sock.bind((local, 0))
-            self.err = self.sock.connect_ex(remote)
-        except OSError as exc:
-            self.err = exc.errno or errno.EIO
-        if self.err in (errno.EINPROGRESS, errno.EAGAIN):
-            self.err = -1  # pending
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def finish(self, ready: bool = True) -> Tuple[bool, bool]:
-        """(refused, answered): whether the listener refused the connection, or
-        accepted it. ``ready``: the connect ended (else its deadline passed: no answer)."""
-        if self.err == -1:
-            if not ready:
-                self.sock.close()
-                return False, False
-            self.err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        self.sock.close()
-        return self.err == errno.ECONNREFUSED, self.err == 0
-
-
 class Recovery:
     def __init__(self, engine: RecoveryPort, auth, acceptor, rail_addrs: Sequence[str], rail_ifnames: Sequence[Optional[str]],
                  peer_addrs: Dict[int, List[Tuple[str, int]]], config: Config) -> None:
@@ -110,7 +77,7 @@ class Recovery:
         #: links being re-opened right now (handed to the engine, not yet adopted)
         self.dialing: set = set()
         self._dials: Dict[int, Tuple[Tuple[int, int], tcp.Dial]] = {}
-        self._probes: Dict[int, _Probe] = {}
+        self._probes: Dict[int, tcp.ListenerProbe] = {}
         self._probed: Dict[int, float] = {}
         #: links of emulated cuts, closed when their rail returns
         self.severed: List[Link] = []
@@ -352,7 +319,7 @@ class Recovery:
             for rail, addr in enumerate(self.peer_addrs[peer]):
                 if rail in self.local_down:
                     continue
-                probe = _Probe(peer, rail, self.rail_addrs[rail], addr, now + PROBE_DEADLINE)
+                probe = tcp.ListenerProbe(peer, rail, self.rail_addrs[rail], addr, now + PROBE_DEADLINE)
                 if probe.err != -1:
                     self._probe_done(probe)
                 else:
@@ -365,7 +332,7 @@ class Recovery:
                 del self._probes[fd]
                 self._probe_done(probe, fd in ready)
 
-    def _probe_done(self, probe: _Probe, ready: bool = True) -> None:
+    def _probe_done(self, probe: tcp.ListenerProbe, ready: bool = True) -> None:
         refused, answered = probe.finish(ready)
         eng = self.engine
         eng.call_soon(lambda: eng.listener_probed(probe.peer, probe.rail, refused, answered))

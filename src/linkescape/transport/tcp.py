@@ -285,7 +285,41 @@ def route_source(host: str) -> str:
         probe.close()
 
 
-__all__ = ["tune", "ack_silence", "ack_now", "listen", "connect", "Dial", "route_source", "HandshakeError", "AuthError"]
+class ListenerProbe:
+    """A non-blocking connect to a peer's listener, closed at once: a refusal
+    (RST) says nobody listens there."""
+
+    def __init__(self, peer: int, rail: int, local: str, remote: Tuple[str, int], deadline: float) -> None:
+        self.peer = peer
+        self.rail = rail
+        self.deadline = deadline
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        self.err = 0
+        try:
+            self.sock.bind((local, 0))
+            self.err = self.sock.connect_ex(remote)
+        except OSError as exc:
+            self.err = exc.errno or errno.EIO
+        if self.err in (errno.EINPROGRESS, errno.EAGAIN):
+            self.err = -1  # pending
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def finish(self, ready: bool = True) -> Tuple[bool, bool]:
+        """(refused, answered): whether the listener refused the connection, or
+        accepted it. ``ready``: the connect ended (else its deadline passed: no answer)."""
+        if self.err == -1:
+            if not ready:
+                self.sock.close()
+                return False, False
+            self.err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self.sock.close()
+        return self.err == errno.ECONNREFUSED, self.err == 0
+
+
+__all__ = ["tune", "ack_silence", "ack_now", "listen", "connect", "Dial", "ListenerProbe", "route_source", "HandshakeError", "AuthError"]
 
 
 def tcp_sample(sock: socket.socket, now: float):
