@@ -172,7 +172,7 @@ class Engine:
         if self.ops:
             return True
         for p in tuple(self.hot):
-            if p.sender.queue or p.sender.replay or p.receiving():
+            if p.output_pending() or p.receiving():
                 return True
         return False
 
@@ -666,8 +666,7 @@ class Engine:
         hot = self.hot
         if hot:
             for peer in list(hot):
-                sender = peer.sender
-                if sender.ready or (sender.ack_urgent and peer.inbound.ack_owed):
+                if peer.wants_pump():
                     self._apply(peer, peer.pump())
         if self.ops:
             self.ops.check_all(now)
@@ -814,10 +813,9 @@ class Engine:
 
     def _drain(self, deadline: float) -> None:
         def pending() -> bool:
-            return any((p.sender.queue or p.outbound.unacked) and p.lost is None and (p.active or p.relay)
-                       for p in self.peers.values())
+            return any(p.undelivered() and p.lost is None and (p.active or p.relay) for p in self.peers.values())
         for peer in self.peers.values():
-            peer.sender.ack_urgent = True
+            peer.ack_at_once()
         while pending() and self.clock.now() < deadline:
             self.progress_once(0.01)
 

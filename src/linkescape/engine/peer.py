@@ -233,6 +233,24 @@ class PeerChannel(PeerTimers):
             if link is not None and link.rail not in sending:
                 self.env.soon(link.last_sent + hb)
 
+    def output_pending(self) -> bool:
+        """Frames of ours to carve or replay (work for the background thread)."""
+        sender = self.sender
+        return bool(sender.queue or sender.replay)
+
+    def wants_pump(self) -> bool:
+        """Something to write now: frames ready to carve, or an acknowledgement the peer waits for."""
+        sender = self.sender
+        return sender.ready or (sender.ack_urgent and self.inbound.ack_owed)
+
+    def undelivered(self) -> bool:
+        """Messages of ours not carved yet, or frames the peer has not acknowledged."""
+        return bool(self.sender.queue or self.outbound.unacked)
+
+    def ack_at_once(self) -> None:
+        """(closing) Every acknowledgement owed to the peer goes at once, not delayed."""
+        self.sender.ack_urgent = True
+
     def pump(self):
         """Carve and write what is ready; an acknowledgement the peer waits for goes too."""
         sender = self.sender
