@@ -30,7 +30,6 @@ from .flight import FlightRecorder, watch_signal
 from .log import setup_logging
 from .errors import CommClosed, CommTimeout, GroupShrunk, InvalidBuffer, InvalidRank, PeerLost, UsageError
 from .ops import ReduceOp
-from .protocol import x25519
 from .protocol.frames import P2P_FLAG
 from .protocol.relaymac import RankKeys
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails, start_up_peers
@@ -221,12 +220,12 @@ class Communicator:
         ensure_fd_budget((self.world_size - 1) * len(self.rail_addrs))
         setup = LinkSetup(self.rank, self.world_size, self.rail_addrs, self.config)
         self._setup = setup
-        private = x25519.private_key()  # (our key for relayed frames' end-to-end MACs: relaymac.py)
+        relay_keys = RankKeys(self.rank)  # our X25519 key for relayed frames' end-to-end MACs (relaymac.py)
         publics: Dict[int, bytes] = {}
         try:
             job, peers, secret = store_exchange(store, self.rank, self.world_size, setup.addresses, deadline,
                                                 with_secret=load_key(self.config) is None,
-                                                public=x25519.public_key(private), publics=publics)
+                                                public=relay_keys.public, publics=publics)
             # Active-backup: start-up opens the primary rail; the backups are
             # opened by recovery right after, off the caller's path (stripe: all).
             now_rails = None if self.config.policy == "stripe" or self.config.eager_backups else [0]
@@ -251,12 +250,12 @@ class Communicator:
         # in records authenticated with the job's key
         # (neighbours: only the peers start-up connected are built now; the progress thread
         # builds the rest once it runs, off the caller's path: see ``starts`` in __init__)
-        keys = RankKeys(self.rank, setup.auth.key, job, private)
+        relay_keys.bind(setup.auth.key, job)
         for peer, public in publics.items():
-            keys.learn(peer, public)
+            relay_keys.learn(peer, public)
         eng = self._engine = Engine(self.rank, self.world_size, len(self.rail_addrs), self.config, self.events,
                                     store=store, record_key=RecordKey(setup.auth.key, job), peers_now=now_peers,
-                                    keys=keys)
+                                    keys=relay_keys)
         self._driver = Driver(eng)
         now = eng.clock.now()
         with self._driver.locked():

@@ -69,9 +69,10 @@ def test_no_mac_another_scheme_a_small_order_key_and_an_unknown_peer():
     with pytest.raises(ProtocolError, match="no trailer"):
         zero.open(memoryview(b"\x01" * 8))
     k = RankKeys(0, KEY, JOB)
-    k.learn(1, bytes(32))  # a public key of small order (a forger's pick): an error, never a fixed key
-    with pytest.raises(ProtocolError, match="small order"):
-        k.pair(1).seal(bye)
+    k.learn(1, bytes(32))  # a public key of small order (a forger's pick): no key, never a fixed one
+    assert not k.pair(1).can_seal()  # no relay is chosen for the pair
+    with pytest.raises(Unknown, match="small order"):  # no verdict on its frames: not the relay's doing
+        k.pair(1).open(memoryview(one.seal(bye) + bye))
     with pytest.raises(ValueError):
         k.learn(2, b"short")
     lone = RankKeys(0, KEY, JOB)  # a peer whose record had no public key: no verdict, and nothing sealed

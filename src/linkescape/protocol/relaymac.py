@@ -22,9 +22,10 @@ Rules:
 - Replays: the destination takes a counter once (the highest taken and a
   window of ``WINDOW`` below it, for frames reordered across the relay's
   rails); a counter taken before, or below the window, is dropped (no
-  verdict: ``Unknown``). A peer whose public key this rank never read has no
-  key: its relayed frames are dropped the same way (no verdict), and ours to
-  it cannot be sealed (``Unknown``).
+  verdict: ``Unknown``). A peer whose public key this rank never read, or
+  whose key the store gave of small order, has no key: its relayed frames are
+  dropped the same way (no verdict), never blamed on the relay, and no relay
+  is chosen for our frames to it (``can_seal``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class RankKeys:
     def __repr__(self) -> str:  # never the keys
         return f"RankKeys(rank {self.rank}, {len(self._publics)} peers)"
 
+    def bind(self, secret: bytes, job: bytes) -> None:
+        """The job's key and token, once start-up knows them (after the public key was published)."""
+        self._secret = bytes(secret)
+        self._job = bytes(job)
+
     def learn(self, peer: int, public: bytes) -> None:
         """``peer``'s public key, as its record in the store gave it."""
         if len(public) != x25519.KEY_SIZE:
@@ -91,15 +97,15 @@ class RankKeys:
         return PairKeys(self.rank, peer, self)
 
     def derive(self, peer: int) -> bytes:
-        """The key ``peer`` and we share (the same at both ends). ``Unknown``: we never read
-        its public key; ``ProtocolError``: its public key is of small order (a forgery)."""
+        """The key ``peer`` and we share (the same at both ends). ``Unknown``: we never read its
+        public key, or the store gave one of small order (a forgery: no key can come of it)."""
         theirs = self._publics.get(peer)
         if theirs is None:
             raise Unknown(f"no public key of rank {peer}: its relayed frames cannot be authenticated")
         try:
             dh = x25519.shared(self._private, theirs)
         except ValueError as exc:
-            raise ProtocolError(f"rank {peer}'s public key in the store is unusable ({exc})", peer=peer) from None
+            raise Unknown(f"rank {peer}'s public key in the store is unusable ({exc})") from None
         lo, hi = sorted((self.rank, peer))
         pubs = (self.public, theirs) if self.rank == lo else (theirs, self.public)
         return hkdf(dh, self._secret, _DOMAIN + self._job + b"\0" + _DIR.pack(lo, hi) + pubs[0] + pubs[1])
@@ -131,8 +137,14 @@ class PairKeys:
         self._recv = hmac.digest(base, _DIR.pack(self.peer, self.me), "sha256")
 
     def can_seal(self) -> bool:
-        """Whether we hold the peer's public key (else ``seal`` raises ``Unknown``)."""
-        return self._send is not None or self._keys.knows(self.peer)
+        """Whether we hold a usable public key of the peer (else ``seal`` raises ``Unknown``):
+        a relay is chosen for the pair only then. The first call derives the key (~1 ms)."""
+        if self._send is None:
+            try:
+                self._derive()
+            except Unknown:
+                return False
+        return True
 
     def seal(self, header: bytes, payload=b"") -> bytes:
         """The trailer of a frame of ours (``header``, ``payload``) for the peer."""
