@@ -32,6 +32,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import auth
+from .protocol import x25519
 from .config import NEIGHBOURS_FROM, Config
 from .errors import AuthError, ConfigError, HandshakeError, NotYet, RailMismatch, RendezvousError
 from .health.carrier import address_for_ifname, ifname_for_address
@@ -190,7 +191,7 @@ def exchange(store, rank: int, world_size: int, my_addrs: List[Tuple[str, int]],
                 key = raw.get("x25519")
                 if publics is not None and key:
                     publics[p] = bytes.fromhex(key)
-                    if len(publics[p]) != 32:
+                    if len(publics[p]) != x25519.KEY_SIZE:
                         raise ValueError(f"an X25519 public key of {len(publics[p])} bytes")
                 raw = raw["rails"]
             peers[p] = [(host, int(port)) for host, _, port in (s.rpartition(":") for s in raw)]

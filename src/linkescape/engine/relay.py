@@ -167,7 +167,7 @@ class RelayRouter:
         reaches both of us now, whatever it said before): that one."""
         now = self.clock.now()
         if not self.peers[dst].pairs.can_seal():
-            return None  # (no public key of dst: nothing we send it through a relay would be taken)
+            return None  # (no usable public key of dst: nothing we send it through a relay would be taken)
         if through is not None:
             self.refusals.pop((dst, through), None)
             peer = self.peers.get(through)

@@ -86,9 +86,6 @@ class RankKeys:
             raise ValueError(f"rank {peer}'s public key has {len(public)} bytes, not {x25519.KEY_SIZE}")
         self._publics[peer] = bytes(public)
 
-    def knows(self, peer: int) -> bool:
-        return peer in self._publics
-
     def public_of(self, peer: int) -> Optional[bytes]:
         """``peer``'s public key as we read it (every rank of the job may read it: it is public)."""
         return self._publics.get(peer)
