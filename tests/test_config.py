@@ -129,12 +129,20 @@ def test_a_bad_value_is_a_config_error_naming_the_variable(var):
         assert var in str(info.value), (var, raw, str(info.value))
 
 
-@pytest.mark.parametrize("var", ["LINKESCAPE_TREE_RANKS", "LINKESCAPE_HALVING_RANKS", "LINKESCAPE_MAX_STASH_FRAMES",
+@pytest.mark.parametrize("var", ["LINKESCAPE_TREE_RANKS", "LINKESCAPE_TREE_RADIX", "LINKESCAPE_HALVING_RANKS",
+                                 "LINKESCAPE_MAX_STASH_FRAMES",
                                  "LINKESCAPE_MAX_UNEXPECTED", "LINKESCAPE_MAX_PENDING_HANDSHAKES"])
 def test_a_bad_count_is_a_config_error(var):
     for raw in BAD["count"]:
         with pytest.raises(ConfigError, match=var):
             Config.from_env({var: raw})
+
+
+def test_a_tree_of_radix_one_is_a_config_error():
+    with pytest.raises(ConfigError, match="LINKESCAPE_TREE_RADIX"):
+        Config.from_env({"LINKESCAPE_TREE_RADIX": "1"})
+    assert Config.from_env({"LINKESCAPE_TREE_RADIX": "2"}).tree_radix == 2
+    assert Config().tree_radix == 8
 
 
 @pytest.mark.parametrize("var,raw", [

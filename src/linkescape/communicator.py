@@ -147,7 +147,7 @@ class Communicator:
         self.events = EventLog(rank, self.config.events)
         c = self.config
         # the thresholds choose the schedule: every operation's signature carries them (see _run)
-        self._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.halving_ranks, c.halving_bytes)
+        self._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.tree_radix, c.halving_ranks, c.halving_bytes)
         self._setup = None
         self._recovery = None
         self._barrier = None  # (store, deadline) of the start-up barrier (neighbours mode)
@@ -433,7 +433,7 @@ class Communicator:
             elif gloo_order:
                 ring.all_reduce_gloo_order(s, flat, red)
             elif tree:
-                latency.all_reduce_tree(s, flat, red)
+                latency.all_reduce_tree(s, flat, red, self.config.tree_radix)
             elif halve:  # (it reduces whole regions, not frames: a reducer for all of it)
                 halving.all_reduce(s, flat, _ops.reducer(op, buf.dtype, flat.shape[0]))
             else:
@@ -572,9 +572,17 @@ class Communicator:
     def barrier(self, async_op: bool = False):
         token = np.zeros(1, np.uint8)
 
+        red = _ops.reducer(ReduceOp.MAX, token.dtype, 1)
+        # (from tree_ranks on the small all_reduce's tree: 2(n-1) messages, not n log2 n, with the
+        # same partners as the calls around it, whose frames then carry the acknowledgements)
+        tree = self.world_size >= self.config.tree_ranks
+
         def build(s):
             if self.world_size > 1:
-                latency.all_reduce(s, token, _ops.reducer(ReduceOp.MAX, token.dtype, 1))
+                if tree:
+                    latency.all_reduce_tree(s, token, red, self.config.tree_radix)
+                else:
+                    latency.all_reduce(s, token, red)
 
         return self._run("barrier", (), build, async_op)
 
@@ -744,7 +752,7 @@ class Communicator:
             new._seq = 0
             c = self.config
             # ranks that shrank differently get a mismatch error, not each other's data
-            new._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.halving_ranks, c.halving_bytes, epoch,
+            new._sig_tail = (c.small_bytes, c.direct_bytes, c.tree_ranks, c.tree_radix, c.halving_ranks, c.halving_bytes, epoch,
                              zlib.crc32(repr(ranks).encode()))
             self._owner = False
             self._closed = True

@@ -152,6 +152,7 @@ _ENV = {
     "LINKESCAPE_COPY_BYTES": ("copy_bytes", _size),
     "LINKESCAPE_DIRECT_BYTES": ("direct_bytes", _size),
     "LINKESCAPE_TREE_RANKS": ("tree_ranks", lambda v, n: _count(v, n)),
+    "LINKESCAPE_TREE_RADIX": ("tree_radix", lambda v, n: _count(v, n)),
     "LINKESCAPE_HALVING_RANKS": ("halving_ranks", lambda v, n: _count(v, n)),
     "LINKESCAPE_HALVING_BYTES": ("halving_bytes", _size),
     "LINKESCAPE_POLICY": ("policy", lambda v, n: v.strip().lower()),
@@ -209,6 +210,9 @@ class Config:
     #: a small all_reduce of this many ranks or more is a reduce and a
     #: broadcast tree (2(n-1) messages) rather than recursive doubling (n log2 n)
     tree_ranks: int = 16
+    #: that tree's fan-out: a rank has up to radix - 1 children per level, and the
+    #: tree is ceil(log_radix n) deep (2: binomial)
+    tree_radix: int = 8
     #: an all_reduce above small_bytes and up to halving_bytes, of this many
     #: ranks or more, is recursive halving and doubling (2 log2 n steps)
     #: rather than a ring (2(n-1) steps)
@@ -333,6 +337,8 @@ class Config:
             raise ConfigError("max_pending_handshakes must be at least 1")
         if self.chunk_bytes > self.max_frame_bytes:
             raise ConfigError(f"chunk_bytes={self.chunk_bytes} exceeds max_frame_bytes={self.max_frame_bytes}")
+        if self.tree_radix < 2:
+            raise ConfigError(f"tree_radix={self.tree_radix} must be at least 2 (LINKESCAPE_TREE_RADIX)")
         if self.silent_timeout <= self.heartbeat_interval:
             raise ConfigError("silent_timeout must exceed heartbeat_interval")
 

@@ -17,13 +17,17 @@ from linkescape.config import Config
 from linkescape.testing import raise_first, run_ranks
 
 
-def _after_each_call(comm, n):
+def _after_each_call(comm, want, cap):
+    """Each call's sum says whether a rank still wants the situation more often (each rank adds 1
+    until it saw it ``want`` times), so a machine where the peer's next frame is seldom early gets
+    more calls instead of too few samples (``cap`` at most)."""
     buf = np.ones(1, np.float32)
     eng = comm._engine
     for _ in range(50):
         comm.all_reduce(buf)
     parked = busy = 0
-    for _ in range(n):
+    for _ in range(cap):
+        buf[0] = float(parked < want)
         comm.all_reduce(buf)
         # one round of the engine, as the progress thread would make: the peer's next frame, if it
         # came, is read and parked (no receive is posted for it yet)
@@ -32,12 +36,13 @@ def _after_each_call(comm, n):
                for p in eng.peers.values() for link in p.links):
             parked += 1
             busy += eng.async_work()
+        if buf[0] == 0:
+            break  # (the same sum on both ranks: they stop after the same call)
     return parked, busy
 
 
 def test_a_parked_frame_is_not_work_for_the_progress_thread():
-    n = 400
-    results = raise_first(run_ranks(2, _after_each_call, n, rails=("127.0.0.1", "127.0.0.2"), timeout=120))
+    results = raise_first(run_ranks(2, _after_each_call, 20, 3000, rails=("127.0.0.1", "127.0.0.2"), timeout=180))
     assert sum(parked for parked, _ in results) >= 20, results  # the situation happened
     assert all(busy == 0 for _, busy in results), results  # every time, before the fix
 

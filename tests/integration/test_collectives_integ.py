@@ -43,10 +43,11 @@ def _random_all_reduce(comm, seed):
     return out
 
 
-@pytest.mark.parametrize("world_size,tree_ranks", [(3, 16), (4, 16), (8, 16), (8, 8)])  # 8/8: the tree
-def test_bit_identical_across_ranks_and_runs(world_size, tree_ranks):
+@pytest.mark.parametrize("world_size,tree_ranks,radix", [(3, 16, 8), (4, 16, 8), (8, 16, 8), (8, 8, 8), (8, 8, 2),
+                                                         (7, 2, 3)])  # tree_ranks <= world_size: the tree
+def test_bit_identical_across_ranks_and_runs(world_size, tree_ranks, radix):
     """Random floats, where order matters: every rank and every run agree bit for bit."""
-    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60, tree_ranks=tree_ranks)
+    cfg = Config(chunk_bytes=8192, small_bytes=4096, timeout=60, tree_ranks=tree_ranks, tree_radix=radix)
     first = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg))
     second = raise_first(run_ranks(world_size, _random_all_reduce, 7, config=cfg,
                                    rails=("127.0.0.1", "127.0.0.2")))
@@ -56,6 +57,32 @@ def test_bit_identical_across_ranks_and_runs(world_size, tree_ranks):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     for a, b in zip(first[0], second[0]):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _barrier_after_sleeps(comm, rounds):
+    """Each round the ranks arrive at the barrier in a different order, up to 60 ms apart: no
+    rank may leave it before the last one arrived."""
+    import time
+
+    out = []
+    for k in range(rounds):
+        time.sleep(0.01 * ((comm.rank + k) % comm.world_size) * 60 / (10 * comm.world_size))
+        arrived = time.time()
+        comm.barrier()
+        out.append((arrived, time.time()))
+    return out
+
+
+@pytest.mark.parametrize("world_size,tree_ranks,radix", [(6, 16, 8), (6, 4, 8), (9, 4, 3), (5, 2, 2)])
+def test_no_rank_leaves_the_barrier_before_the_last_arrived(world_size, tree_ranks, radix):
+    """The barrier is recursive doubling below tree_ranks and the small all_reduce's k-nomial
+    tree from it on (the same partners as the calls around it)."""
+    cfg = Config(timeout=60, tree_ranks=tree_ranks, tree_radix=radix)
+    results = raise_first(run_ranks(world_size, _barrier_after_sleeps, 6, config=cfg))
+    for k in range(6):
+        last_in = max(res[k][0] for res in results)
+        first_out = min(res[k][1] for res in results)
+        assert first_out >= last_in, (k, first_out - last_in)
 
 
 def _half_sums(comm):

@@ -115,25 +115,35 @@ class _Doubling:
                 self.back.ready = self.nbytes
 
 
-def _tree(n: int, rel: int, root: int):
-    """Binomial tree over ranks relative to ``root``: (parent or None, children),
-    as real ranks. The parent clears the lowest set bit; children set one of
-    the zero bits below it."""
-    parent = None if rel == 0 else ((rel & (rel - 1)) + root) % n
+@functools.lru_cache(maxsize=256)
+def _tree(n: int, rel: int, root: int, radix: int = 2) -> tuple:
+    """K-nomial tree over ranks relative to ``root``: (parent or None, children),
+    as real ranks. The parent clears the lowest nonzero base-``radix`` digit;
+    children set one of the zero digits below it, farthest last (radix 2: the
+    binomial tree). Depth ``ceil(log_radix n)``; a rank has at most
+    ``(radix - 1)`` children per digit below its lowest nonzero one. The same
+    for every operation of a job: computed once per (n, rank, root, radix)."""
+    parent = None
+    if rel:
+        low = 1
+        while not (rel // low) % radix:
+            low *= radix
+        parent = (rel - (rel // low) % radix * low + root) % n
     children = []
-    mask = 1
-    while mask < n and not rel & mask:
-        if rel | mask < n:
-            children.append(((rel | mask) + root) % n)
-        mask <<= 1
-    return parent, children
+    low = 1
+    while low < n and not (rel // low) % radix:
+        for v in range(1, radix):
+            if rel + v * low < n:
+                children.append((rel + v * low + root) % n)
+        low *= radix
+    return parent, tuple(children)
 
 
-def broadcast(s: Schedule, raw: memoryview, root: int, hold: bool = False) -> list:
-    """Binomial tree from ``root``. ``hold``: the root's sends wait until the
-    caller sets their ``ready`` (the value is still being made); returns them."""
+def broadcast(s: Schedule, raw: memoryview, root: int, hold: bool = False, radix: int = 2) -> list:
+    """Binomial (``radix`` 2) or k-nomial tree from ``root``. ``hold``: the root's sends wait
+    until the caller sets their ``ready`` (the value is still being made); returns them."""
     n, r = s.world_size, s.rank
-    parent, children = _tree(n, (r - root) % n, root)
+    parent, children = _tree(n, (r - root) % n, root, radix)
     # receive from the parent, then forward to the children, farthest first
     rcv = s.recv(parent, len(raw), dst=raw) if parent is not None else None
     sends = [s.send(c, raw, ready=0 if rcv is not None or hold else None) for c in reversed(children)]
@@ -146,12 +156,12 @@ def broadcast(s: Schedule, raw: memoryview, root: int, hold: bool = False) -> li
     return sends
 
 
-def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray, on_done=None) -> None:
-    """Binomial tree toward ``root``; ``out`` (root: the caller's buffer, others:
-    a scratch copy) accumulates children's values in a fixed order;
+def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray, on_done=None, radix: int = 2) -> None:
+    """Binomial (``radix`` 2) or k-nomial tree toward ``root``; ``out`` (root: the caller's
+    buffer, others: a scratch copy) accumulates children's values in a fixed order;
     ``on_done()`` runs once they are combined into it."""
     n, r = s.world_size, s.rank
-    parent, children = _tree(n, (r - root) % n, root)
+    parent, children = _tree(n, (r - root) % n, root, radix)
     nbytes = flat.nbytes
     rbufs = [np.empty_like(flat) for _ in children]
     parent_send = None
@@ -180,21 +190,23 @@ def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray, on_do
         m.on_frame = on_frame_factory(m)
 
 
-def all_reduce_tree(s: Schedule, flat: np.ndarray, red) -> None:
-    """A binomial reduce to rank 0, then a binomial broadcast from it, in one
-    operation: 2(n-1) messages in all, against n log2 n for recursive
-    doubling, in 2 log2 n rounds. Where the ranks outnumber the cores (or
-    the job is large), the CPU the messages cost, not the rounds, sets the
-    time (NCCL picks trees for small messages at scale too). Every rank ends
-    with rank 0's bits; children are combined in a fixed order."""
+def all_reduce_tree(s: Schedule, flat: np.ndarray, red, radix: int = 2) -> None:
+    """A reduce to rank 0, then a broadcast from it, over one k-nomial tree, in one
+    operation: 2(n-1) messages in all, against n log2 n for recursive doubling, in
+    2 ceil(log_radix n) rounds. Where the ranks outnumber the cores (or the job is
+    large), the CPU the messages cost and the wake-ups on the way, not the bytes,
+    set the time: a wider tree has fewer hops for the same messages (NCCL picks
+    trees for small messages at scale too; docs/benchmarks.md has the radix
+    measured). Every rank ends with rank 0's bits; children are combined in a
+    fixed order."""
     # a non-root sends its partial sum up from a copy; flat gets the result
     acc = flat if s.rank == 0 else flat.copy()
-    down = broadcast(s, byte_view(flat), 0, hold=True)
+    down = broadcast(s, byte_view(flat), 0, hold=True, radix=radix)
 
     def release() -> None:
         for m in down:
             m.ready = flat.nbytes
-    reduce(s, flat, 0, red, acc, on_done=release if s.rank == 0 else None)
+    reduce(s, flat, 0, red, acc, on_done=release if s.rank == 0 else None, radix=radix)
 
 
 def _reduce_gloo_order(flat: np.ndarray, vals, red) -> None:
