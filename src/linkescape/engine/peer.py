@@ -96,9 +96,6 @@ class PeerChannel(PeerTimers):
         self.closed_received: List[int] = [0] * nrails
         #: a frame was applied: parked links may be able to go on (see ``_done``)
         self.resume_wanted = False
-        #: since when an operation's traffic with this peer is under way (``waited_on``): when
-        #: its backups start to beat (``beat_at``)
-        self.op_since = 0.0
         self._out: list = []
 
     # ------------------------------------------------------------ the route (read-only: ``paths`` owns it)
@@ -220,27 +217,21 @@ class PeerChannel(PeerTimers):
     def post_send(self, m) -> None:
         if not self.engaged():
             self._engaging(self.active)
-        elif not self.waited_on():
-            self.op_since = self.env.clock.now()
         self.sender.post(m)
 
     def post_recv(self, m) -> None:
         if not self.engaged():
             self._engaging(())
-        elif not self.waited_on():
-            self.op_since = self.env.clock.now()
         self.receiver.post(m)
 
     def _engaging(self, sending) -> None:
         """An operation's traffic starts: the links beat from now on (``tick``), the
-        first a heartbeat interval after the link last sent, a backup's once the
-        operation waited that long (``beat_at``; the rails in ``sending`` are about to
-        carry data: theirs is found by the next timer round)."""
-        self.op_since = self.env.clock.now()
-        active = self.active
+        first a heartbeat interval after the link last sent (the rails in ``sending``
+        are about to carry data: theirs is found by the next timer round)."""
+        hb = self.env.config.heartbeat_interval
         for link in self.links:
             if link is not None and link.rail not in sending:
-                self.env.soon(self.beat_at(link, True, link.rail in active, True))
+                self.env.soon(link.last_sent + hb)
 
     def output_pending(self) -> bool:
         """Frames of ours to carve or replay (work for the background thread)."""

@@ -16,7 +16,6 @@ from typing import Optional
 from ..protocol.frames import DATA, HEARTBEAT, NOTIFY_SILENT
 from ..protocol.linkstate import Ev, State
 from ..transport.tcp import tcp_info_summary
-from .env import INF
 from .link import Link
 from .relay import RELAY_RTO
 
@@ -26,10 +25,6 @@ log = logging.getLogger("linkescape.engine")
 RELAY_SILENT = 1.0
 #: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
 HELD_BEATS = 4
-#: while a pair is engaged, its backups beat at least this often, and every heartbeat interval
-#: once an operation's traffic has been under way for one (``PeerTimers.beat_at``); the probe
-#: budget's period
-BACKUP_BEAT = 1.0
 # (bits of a HEARTBEAT's arg: protocol/paths.py, AVOID_MASK and LOAD_SHIFT)
 
 
@@ -41,33 +36,6 @@ class PeerTimers:
         """An operation's traffic is pending with this peer: bytes to send or
         to be acknowledged, or a receive posted."""
         return self.sender.busy or bool(self.outbound.unacked) or self.receiver.waiting()
-
-    def waited_on(self) -> bool:
-        """An operation's traffic with this peer is under way: bytes of it to send, or a
-        receive posted (not only bytes of ours the peer has yet to acknowledge)."""
-        return self.sender.busy or self.receiver.waiting()
-
-    def beat_at(self, link: Link, engaged: bool, carries: bool, waited: bool) -> float:
-        """When ``link`` beats next (INF: it does not), from when it last sent.
-
-        A held rail's link every ``hb / HELD_BEATS`` (the hold's evidence). While the pair is
-        engaged (``engaged``; or watched), the links that carry its traffic every ``hb``:
-        silence on the path shows only on bytes that wait for an ack. Its backups every ``hb``
-        once an operation's traffic has been under way for ``hb`` (``waited``, since
-        ``op_since``), and at least every ``BACKUP_BEAT`` before that. So a short exchange (a
-        small collective, a few ms) does not beat the backups of every peer it touches: at 32
-        ranks on 2 cores those beats were a quarter of a rank's frames and most of its CPU per
-        isolated call, and the longer a loaded host made each call the more it beat
-        (docs/benchmarks.md); an operation that lasts keeps its backups known good, as before."""
-        hb = self.env.config.heartbeat_interval
-        if self.avoid >> link.rail & 1:
-            return link.last_sent + hb / HELD_BEATS
-        if not engaged:
-            return INF
-        if carries:
-            return link.last_sent + hb
-        soon = self.op_since + hb if waited else INF
-        return max(link.last_sent + hb, min(link.last_sent + BACKUP_BEAT, soon))
 
     def quiet(self, now: float, watched: bool) -> bool:
         """Nothing for the timers to do with this peer until it is touched
@@ -115,9 +83,9 @@ class PeerTimers:
 
     def tick(self, now: float, blind: bool, due: float, watched: bool):
         """The timers of a hot peer: silent-loss detection on every live
-        link, heartbeats on them while an operation's traffic is pending
-        (``beat_at``; or the rail is held out: its cleanliness is judged from
-        them, or the peer is watched closely), a link parked for long read on into the
+        link, heartbeats on them while an operation's traffic is pending (or
+        the rail is held out: its cleanliness is judged from them, or the
+        peer is watched closely), a link parked for long read on into the
         stash, the relay's heartbeats and silence, fail-back. Returns (when
         this peer next needs the timers, ``due`` if nothing is sooner;
         outcomes)."""
@@ -125,8 +93,6 @@ class PeerTimers:
         cfg = self.env.config
         hb = cfg.heartbeat_interval
         engaged = watched or self.engaged()
-        waited = engaged and (watched or self.waited_on())
-        active = self.active
         for link in self.links:
             if link is None or self.status[link.rail].state is not State.UP:
                 continue
@@ -139,12 +105,11 @@ class PeerTimers:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            carries = watched or link.rail in active
-            at = self.beat_at(link, engaged, carries, waited)
-            beats = at < INF
-            if beats and now >= at - 1e-9 and not link.out:
+            held = self.avoid >> link.rail & 1
+            beats = engaged or held
+            iv = hb / HELD_BEATS if held else hb  # (a held rail's evidence: see Hold)
+            if beats and now - link.last_sent >= iv and not link.out:
                 self._beat(link)
-                at = self.beat_at(link, engaged, carries, waited)
             elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:
                 self._follow_up(link)
             if link.pending_since is not None:
@@ -154,7 +119,7 @@ class PeerTimers:
                     due = min(due, (max(link.last_sent, now) if link.out else link.last_sent) + hb)
             if beats:
                 # (a link with bytes queued beats once they are out)
-                due = min(due, max(at, now + (at - link.last_sent)) if link.out else at)
+                due = min(due, max(link.last_sent, now) + iv if link.out else link.last_sent + iv)
         if self.relay is not None:
             due = self._relay_tick(now, due)
         if self.inbound.ack_owed:
