@@ -66,7 +66,7 @@ def _barrier_after_sleeps(comm, rounds):
 
     out = []
     for k in range(rounds):
-        time.sleep(0.01 * ((comm.rank + k) % comm.world_size) * 60 / (10 * comm.world_size))
+        time.sleep(0.06 * ((comm.rank + k) % comm.world_size) / comm.world_size)
         arrived = time.time()
         comm.barrier()
         out.append((arrived, time.time()))
