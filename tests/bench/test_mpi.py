@@ -147,11 +147,11 @@ def _fake_mpirun(tmp_path, body):
     return {"mpirun": str(script), "python": sys.executable}
 
 
-def _launch(tmp_path, found, monkeypatch, timeout=1.0):
+def _launch(tmp_path, found, monkeypatch, timeout=1.0, backends=("linkescape", "mpi")):
     from linkescape.bench.spec import BenchSpec
 
     monkeypatch.setattr(mpi, "WATCHDOG_GRACE", 0.5)
-    spec = BenchSpec(ops=["all_reduce"], sizes=[4], world_size=2, backends=["linkescape", "mpi"], iters=1, warmup=0,
+    spec = BenchSpec(ops=["all_reduce"], sizes=[4], world_size=2, backends=list(backends), iters=1, warmup=0,
                      timeout=timeout)
     launcher = mpi.MpiLauncher(spec, lambda ev: None, found=found)
     t0 = time.monotonic()
@@ -168,6 +168,71 @@ def test_an_mpi_job_that_never_starts_is_an_error_not_a_hang(tmp_path, monkeypat
     text, took = _launch(tmp_path, found, monkeypatch)
     assert "did not start within 2s" in text and "starting" in text, text
     assert took < 30
+
+
+def test_an_mpirun_that_outlives_its_last_step_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    # Open MPI measured its one step and said so, then mpirun never exits: the launcher ends it
+    ready = json.dumps({"event": "ready", "world_size": 2, "library": "Open MPI v4.1.4", "python": sys.executable})
+    rank = {"times": [1e-5], "wrong": 0, "cpu": 1e-5, "vcsw": 0, "ivcsw": 0}
+    result = json.dumps({"event": "result", "op": "all_reduce", "size": 4, "nbytes": 4, "count": 1,
+                         "ranks": [rank, rank]})
+    found = _fake_mpirun(tmp_path, f"print({mpi.EVENT_PREFIX!r} + {ready!r}, flush=True)\n"
+                                   f"sys.stdin.readline()\nprint({mpi.EVENT_PREFIX!r} + {result!r}, flush=True)\n"
+                                   "time.sleep(600)")
+    text, took = _launch(tmp_path, found, monkeypatch, timeout=30.0, backends=["mpi"])
+    assert "mpirun did not exit within 0.5s of its last step" in text, text
+    assert took < 30
+
+
+def test_a_gated_rank_whose_store_went_away_fails_instead_of_waiting_forever():
+    # CI waited 300 s: rank 0 (the TCP store's host) had said go and left, rank 1 had not read the turn
+    # yet and took the lost connection for its wait's timeout, again and again
+    import datetime
+    import gc
+
+    import torch.distributed as dist
+
+    from linkescape.bench.runner import Rank, Watchdog
+    from linkescape.bench.spec import BenchSpec
+
+    host = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", host.port, 2, False, timeout=datetime.timedelta(seconds=10))
+    spec = BenchSpec(ops=["all_reduce"], sizes=[4], world_size=2, backends=["mpi"], iters=1, warmup=0, timeout=10.0)
+    rank = Rank(spec, 1, client, lambda ev: None, Watchdog(60.0, lambda ev: None, 1, watch_parent=False))
+    del host
+    gc.collect()
+    t0 = time.monotonic()
+    with pytest.raises(BenchError, match="the store is gone while waiting for the turn of step 0"):
+        rank.gate(0)
+    assert time.monotonic() - t0 < 10
+
+
+def test_rank_0_leaves_only_after_every_rank_said_it_is_done():
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from linkescape.bench.runner import Rank, Watchdog
+    from linkescape.bench.spec import BenchSpec
+
+    host = dist.TCPStore("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=20), wait_for_workers=False)
+    spec = BenchSpec(ops=["all_reduce"], sizes=[4], world_size=3, backends=["mpi"], iters=1, warmup=0, timeout=20.0)
+
+    def rank(r):
+        store = host if r == 0 else dist.TCPStore("127.0.0.1", host.port, 3, False,
+                                                  timeout=datetime.timedelta(seconds=20))
+        return Rank(spec, r, store, lambda ev: None, Watchdog(60.0, lambda ev: None, r, watch_parent=False))
+
+    ranks = [rank(r) for r in range(3)]
+    zero = threading.Thread(target=ranks[0].finish, daemon=True)
+    zero.start()
+    ranks[2].finish()
+    zero.join(0.5)
+    assert zero.is_alive()  # rank 1 has not said it is done
+    ranks[1].finish()
+    zero.join(10)
+    assert not zero.is_alive()
 
 
 def test_an_mpi4py_for_another_mpi_is_named(tmp_path, monkeypatch):

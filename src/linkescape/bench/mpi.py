@@ -118,6 +118,7 @@ class MpiLauncher(LocalLauncher):
         self.results: Dict[str, Optional[list]] = {"ranks": None, "mpi": None}
         self.asked: Dict[str, bool] = {"ranks": False, "mpi": False}
         self.asked_at = 0.0
+        self.finished_at = 0.0  # when the last step's row was reported
         self.mpi: Optional[subprocess.Popen] = None
         self.started_at = time.monotonic()
         # MPI_Init and rank 0's "ready": as long as one call may take, and the watchdog's grace
@@ -228,6 +229,10 @@ class MpiLauncher(LocalLauncher):
             raise self._mpi_failure(f"mpirun {_exit_text(rc)}")
         if not self.ready["mpi"] and time.monotonic() - self.started_at > self.start_limit:
             raise self._mpi_failure(f"Open MPI's ranks did not start within {self.start_limit:.0f}s")
+        if self.step >= len(self.steps) and rc is None:
+            self.finished_at = self.finished_at or time.monotonic()
+            if time.monotonic() - self.finished_at > WATCHDOG_GRACE:
+                raise self._mpi_failure(f"mpirun did not exit within {WATCHDOG_GRACE:g}s of its last step")
         waiting = [w for w in ("ranks", "mpi") if self.asked[w] and self.results[w] is None]
         if "mpi" in waiting and time.monotonic() - self.asked_at > self.step_limit:
             raise self._mpi_failure(f"Open MPI's ranks took more than {self.step_limit:.0f}s for one step")

@@ -292,12 +292,17 @@ class Rank:
         if hasattr(self.store, "wait"):
             import datetime
 
+            import torch.distributed as dist
+
             while True:
                 try:
                     self.store.wait([key], datetime.timedelta(seconds=2))
                     return
-                except RuntimeError:  # its timeout: still waiting
+                except dist.DistStoreError:  # its timeout: still waiting
                     self.wd.beat += 1
+                except RuntimeError as exc:  # the store's host (rank 0) is gone: nobody will say go
+                    raise BenchError(f"the store is gone while waiting for the turn of step {step}: "
+                                     f"{str(exc).splitlines()[0]}") from None
         while not self.store.check([key]):
             time.sleep(0.05)
             self.wd.beat += 1
@@ -326,8 +331,18 @@ class Rank:
         for backend in self.backends:
             backend.barrier()
         self.close()
+        self.finish()
         if self.rank == 0:
             self.emit({"event": "done"})
+
+    def finish(self) -> None:
+        """Rank 0 holds the TCP store: it leaves only once every rank said it is done, so that no
+        rank still waits on a key (a gated run's last turn) when the store goes away."""
+        if self.rank != 0:
+            self.store.set(KEY.format(what="fin", seq=0, rank=self.rank), b"1")
+            return
+        for r in range(1, self.n):
+            self._get(KEY.format(what="fin", seq=0, rank=r))
 
     def close(self, abort: bool = False) -> None:
         while self.backends:
@@ -396,6 +411,7 @@ class LocalLauncher:
         self.errors: Dict[int, dict] = {}
         self.last_heard: Dict[int, float] = {}
         self.done = False
+        self.done_at = 0.0
         self.eofs = 0
         self.unresponsive_after = max(60.0, spec.timeout + 2 * WATCHDOG_GRACE)
 
@@ -523,6 +539,7 @@ class LocalLauncher:
                     self.errors.setdefault(rank, ev)
                 elif kind == "done":
                     self.done = True
+                    self.done_at = now
                 elif kind == "eof":
                     self.eofs += 1
                 elif kind != "alive":
@@ -541,6 +558,12 @@ class LocalLauncher:
                 if not self.done:
                     raise BenchError("the ranks exited without finishing the benchmark")
                 return
+            if self.done and now - self.done_at > WATCHDOG_GRACE:
+                left = [r for r, p in sorted(self.procs.items()) if p.poll() is None]
+                if left:  # every rank waits for the others at the end (Rank.finish): one still here hangs
+                    self._drain()
+                    self.kill_all()
+                    raise self._failure(left[0], f"did not exit within {WATCHDOG_GRACE:.0f}s of the run's end")
             for r, heard in self.last_heard.items():
                 if now - heard > self.unresponsive_after and self.procs[r].poll() is None:
                     self.kill_all()
