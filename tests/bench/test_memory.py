@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from linkescape.bench.cli import bench
-from linkescape.bench.memory import Case, fit, judge, judge_series, matrix, quick, run_case, select, sized
+from linkescape.bench.memory import Case, fit, judge_series, matrix, quick, run_case, select, sized
 from linkescape.bench.memory.cases import KINDS, SIZES
 
 MiB = 1 << 20
