@@ -40,7 +40,7 @@ venv: $(STAMP)
 # Bytecode first: the tests start hundreds of processes that import linkescape, and where
 # PYTHONDONTWRITEBYTECODE is set none of them would leave its compiled modules for the next.
 bytecode: $(STAMP)
-	@$(BIN)/python -m compileall -q src >/dev/null
+	@$(BIN)/python -m compileall -q src tools >/dev/null
 
 define run_tests
 	@rc=0; \

@@ -41,11 +41,11 @@ def documented_names() -> list:
 
 
 def names_in_source() -> set:
-    """Every string constant in src/ that is a whole LINKESCAPE_* name: what the library and its tools
+    """Every string constant in src/ and tools/ that is a whole LINKESCAPE_* name: what the library and its tools
     read (os.environ, getenv, config's table, module constants such as log.LEVEL_VAR) or set for the
     processes they start."""
     found = set()
-    for path in (ROOT / "src" / "linkescape").rglob("*.py"):
+    for path in [*(ROOT / "src" / "linkescape").rglob("*.py"), *(ROOT / "tools" / "linkescape").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value):
                 found.add(node.value)

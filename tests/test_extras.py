@@ -61,7 +61,7 @@ def _imported_top_modules() -> set:
     import ast
 
     out = set()
-    for path in (ROOT / "src" / "linkescape").rglob("*.py"):
+    for path in [*(ROOT / "src" / "linkescape").rglob("*.py"), *(ROOT / "tools" / "linkescape").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 out.update(a.name.split(".")[0] for a in node.names)

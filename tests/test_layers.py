@@ -9,7 +9,10 @@ import pathlib
 
 import pytest
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "linkescape"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: the package's two halves: the library, and the tools around it (docs/architecture.md)
+SRC = ROOT / "src" / "linkescape"
+TOOLS_HALF = ROOT / "tools" / "linkescape"
 
 # lowest first; shared helpers may be imported from anywhere
 FLOORS = [
@@ -30,10 +33,11 @@ def _floor(top: str) -> int:
     return len(FLOORS)  # integrations: torch, cli, testbed, faults, chaos, bench, demo, tools, ...
 
 
-def _modules():
-    for path in SRC.rglob("*.py"):
-        rel = path.relative_to(SRC).with_suffix("")
-        yield ".".join(rel.parts), path
+def _modules(halves=(SRC, TOOLS_HALF)):
+    for half in halves:
+        for path in half.rglob("*.py"):
+            rel = path.relative_to(half).with_suffix("")
+            yield ".".join(rel.parts), path
 
 
 def _imports(name: str, path: pathlib.Path, module_level_only: bool):
@@ -136,3 +140,17 @@ def test_the_library_never_imports_the_tools():
             continue
         for target in _imports(name, path, module_level_only=False):
             assert not _part(target, TOOLS), f"library module {name} imports the tool {target}"
+
+
+def test_the_folders_are_the_library_and_its_tools():
+    """Issue 49: the layout shows it: src/linkescape holds the library and nothing else,
+    tools/linkescape the tools and nothing else (one package name spans both)."""
+    misplaced = [f"src/linkescape: {n}" for n, _ in _modules([SRC]) if not _part(n, LIBRARY)]
+    misplaced += [f"tools/linkescape: {n}" for n, _ in _modules([TOOLS_HALF]) if not _part(n, TOOLS)]
+    assert not misplaced, misplaced
+    assert not (TOOLS_HALF / "__init__.py").exists()  # the tools join linkescape's package, they are not another
+    import linkescape
+    import linkescape.torchft
+
+    assert [pathlib.Path(p) for p in linkescape.__path__] == [SRC, TOOLS_HALF]
+    assert pathlib.Path(linkescape.torchft.__path__[-1]) == TOOLS_HALF / "torchft"

@@ -66,8 +66,9 @@ def _clean_env(**extra):
 def test_the_wheel_installs_and_runs_a_torchrun_job(tmp_path):
     # the tree as it is (committed or not), without what an editable install or a build left in it
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    for half in ("src", "tools"):  # the library and its tools: one package, both in the wheel (setup.py)
+        shutil.copytree(ROOT / half, src / half, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
     dist = tmp_path / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *_offline_build(), "-q", "-w", str(dist), str(src)])
@@ -94,6 +95,11 @@ def test_the_wheel_installs_and_runs_a_torchrun_job(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank}: all_reduce ok, backend linkescape, from {where}" in job.stdout, job.stdout
 
+    # the tools came with the library, in the same folder (not a source checkout's second half)
+    tools = _run([str(py), "-c", "import linkescape, linkescape.bench.report as r, os; "
+                  "print(linkescape.__path__, os.path.dirname(os.path.dirname(r.__file__)))"],
+                 env=env, cwd=tmp_path).stdout.strip()
+    assert tools == f"[{where!r}] {where}", tools
     # the command runs on the base install; a part whose extra is missing says which one
     _run([str(bindir / "linkescape"), "--help"], env=env, cwd=tmp_path)
     demo = subprocess.run([str(bindir / "linkescape"), "demo", "--out", str(tmp_path / "demo")], env=env,

@@ -11,7 +11,21 @@ import sys
 
 import linkescape
 
-SRC = pathlib.Path(linkescape.__file__).parent
+#: the package's two halves: the library (src/linkescape) and, in a checkout, its tools (tools/linkescape)
+HALVES = [pathlib.Path(p) for p in linkescape.__path__]
+
+
+def _half(path: pathlib.Path) -> pathlib.Path:
+    return next(h for h in HALVES if h in path.parents)
+
+
+def _rel(path: pathlib.Path) -> pathlib.Path:
+    return path.relative_to(_half(path))
+
+
+def _file(rel: str) -> pathlib.Path:
+    """The module at ``rel`` (``"demo/faultplan.py"``) in whichever half holds it."""
+    return next(h / rel for h in HALVES if (h / rel).exists())
 #: lowest first; a package may import its own floor and those below
 FLOORS = [{"jsonl", "extras"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
 #: the shared parts of the tools: single modules of the bottom floor
@@ -24,7 +38,7 @@ def _floor(pkg: str):
 
 def _targets(path: pathlib.Path):
     """The linkescape top-level packages or modules a module imports (anywhere in it)."""
-    parts = list(path.relative_to(SRC).parts[:-1])  # the packages the file is in
+    parts = list(_rel(path).parts[:-1])  # the packages the file is in
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = parts[: len(parts) - (node.level - 1)]
@@ -40,18 +54,21 @@ def _targets(path: pathlib.Path):
 
 
 def test_the_import_finder_sees_relative_imports():
-    found = set(_targets(SRC / "demo" / "faultplan.py"))
+    found = set(_targets(_file("demo/faultplan.py")))
     assert "faults" in found  # from .. import faults
-    assert {"testbed"} <= set(_targets(SRC / "bench" / "failover" / "job.py"))  # from ...testbed.job import
+    assert {"testbed"} <= set(_targets(_file("bench/failover/job.py")))  # from ...testbed.job import
 
 
 def _files(name: str):
-    return [SRC / f"{name}.py"] if (SRC / f"{name}.py").exists() else list((SRC / name).rglob("*.py"))
+    for half in HALVES:
+        if (half / f"{name}.py").exists():
+            return [half / f"{name}.py"]
+    return [path for half in HALVES for path in (half / name).rglob("*.py")]
 
 
 def test_the_shared_parts_import_nothing_of_linkescape():
     for name in SHARED_PARTS:
-        assert set(_targets(SRC / f"{name}.py")) == set(), name
+        assert set(_targets(_file(f"{name}.py"))) == set(), name
 
 
 def test_tool_packages_import_only_their_floor_and_below():
@@ -65,7 +82,7 @@ def test_tool_packages_import_only_their_floor_and_below():
                     if f is None or top == pkg:
                         continue
                     if f >= mine:
-                        bad.append(f"{path.relative_to(SRC)} imports {top}")
+                        bad.append(f"{_rel(path)} imports {top}")
     assert not bad, bad
 
 
@@ -74,7 +91,7 @@ def test_every_tool_module_imports_on_its_own():
     mods = []
     for pkg in SHARED_PARTS + ("testbed", "faults", "bench", "chaos", "demo"):
         for path in sorted(_files(pkg)):
-            rel = path.relative_to(SRC).with_suffix("")
+            rel = _rel(path).with_suffix("")
             if rel.name == "__main__":
                 continue
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts

@@ -14,7 +14,12 @@ Only this package imports torchft; ``import linkescape`` does not.
 
 from __future__ import annotations
 
+from .. import _tools_half
 from ..extras import require
+
+# torchft's demos and measurements (demo, run, train, analysis, configure_time) are tools:
+# tools/linkescape/torchft in a source checkout
+__path__ += [p for p in _tools_half("torchft") if p not in __path__]
 
 require(["torchft"], "torchft", "linkescape.torchft")
 

@@ -177,7 +177,9 @@ def library_version() -> Dict[str, Any]:
                               timeout=10)
         if head.returncode == 0:
             out["commit"] = head.stdout.strip()
-            st = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", "."], capture_output=True,
+            # both halves of the package: the library (src/) and, in a source checkout, its tools
+            halves = [os.path.abspath(p) for p in linkescape.__path__]
+            st = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", *halves], capture_output=True,
                                 text=True, timeout=10)
             out["dirty"] = [line[3:] for line in st.stdout.splitlines() if line[:2].strip() and line.endswith(".py")]
     except (OSError, subprocess.SubprocessError):

@@ -97,7 +97,9 @@ def env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     out.setdefault("OMP_NUM_THREADS", "1")
     out["PYTHONUNBUFFERED"] = "1"
     # the ranks' Python finds this linkescape (its cases and checks) when it is not installed there
-    src = os.path.dirname(os.path.dirname(os.path.dirname(RANK_SCRIPT)))
+    import linkescape
+
+    src = os.path.dirname(os.path.dirname(os.path.abspath(linkescape.__file__)))  # its library half's root
     out["PYTHONPATH"] = src + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
     return out
 
