@@ -342,3 +342,23 @@ def test_relays_are_counted_timed_and_matched_to_the_cross_faults():
     assert second["relay_possible"] and second["relay_on_s"] is None  # never relayed
     assert rel["cross_setup"]["n"] == 1 and rel["cross_setup"]["missed"] == 1
     assert rel["relayable_s"] == pytest.approx(13.0) and rel["longest_unrelayable_s"] == 0.0
+
+
+def test_a_cross_that_meets_its_pair_already_relayed_is_relayed_at_once():
+    # make test, 2026-12-07: relay_after_refusals.json's cross (hosts 0 and 2) came while the pair was
+    # still relayed through rank 3 since the flaps before it; no relay_on followed, none was needed
+    sched = scripted([CROSS], hosts=4, rails=2, duration=30)
+    log, ivs = [], []
+    for f in sched.faults:
+        for t0, t1, h, r, m in f.intervals():
+            log.append({"fault": f.id, "action": "apply", "mechanism": m, "host": h, "rail": r, "ts": T0 + t0})
+            ivs.append((T0 + t0, T0 + t1, h, r, m))
+    ev = lambda ts, rank, kind, peer, **kw: {"ts": T0 + ts, "event": kind, "rank": rank, "peer": peer, **kw}  # noqa
+    on_since = {1: [ev(8.9, 1, "relay_on", 2, via=3), ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")]}
+    rel = analysis.relays(on_since, ivs, log, sched, t_start=T0, t_end=T0 + 30)
+    assert rel["cross_samples"][0]["relay_on_s"] == 0.0
+    assert rel["cross_setup"]["n"] == 1 and rel["cross_setup"]["missed"] == 0
+    # a relay that ended just as the cross came does not carry it
+    ended = {1: [ev(8.9, 1, "relay_on", 2, via=3), ev(10.1, 1, "relay_off", 2, via=3, cause="path_back")]}
+    rel = analysis.relays(ended, ivs, log, sched, t_start=T0, t_end=T0 + 30)
+    assert rel["cross_samples"][0]["relay_on_s"] is None and rel["cross_setup"]["missed"] == 1
