@@ -72,8 +72,10 @@ DEFAULT_RAILS = "127.0.0.1"
 @click.option("-f", "--factor", type=float, default=2.0, show_default=True, help="size multiplier of a MIN:MAX range")
 @click.option("--world-size", type=int, default=2, show_default=True, help="ranks to start on this machine")
 @click.option("--backend", "backends", default="linkescape", show_default=True,
-              help="linkescape, gloo, mpi (Open MPI over TCP through mpi4py: `make mpi`), or a comma list "
-                   "(linkescape,gloo,mpi): measured side by side per size, alternating which goes first")
+              help="linkescape, gloo, mpi (Open MPI over TCP through mpi4py: `make mpi`), floor (the least "
+                   "a Python all_reduce costs here: blocking sockets, linkescape's shapes, nothing else; "
+                   "all_reduce, barrier, send_recv), or a comma list (linkescape,gloo,mpi,floor): measured "
+                   "side by side per size, alternating which goes first")
 @click.option("--isolated", is_flag=True,
               help="time each call alone, after a barrier of its backend (as the first gradient bucket of a "
                    "step meets it), instead of back to back")

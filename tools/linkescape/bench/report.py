@@ -61,7 +61,7 @@ def _r(x: Optional[float]) -> str:
 
 
 #: the backends linkescape is compared with, in their column order
-OTHERS = ("gloo", "mpi")
+OTHERS = ("gloo", "mpi", "floor")
 #: a record's per call costs of a rank (runner.make_record, usage.py)
 USAGE = ("cpu_us", "vcsw", "ivcsw")
 

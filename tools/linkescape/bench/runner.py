@@ -197,6 +197,11 @@ class Rank:
             if name == "linkescape":
                 self.backends.append(LinkescapeBackend(self.store, self.rank, self.n, self.spec.rails,
                                                        self.spec.timeout))
+            elif name == "floor":
+                from .floor import FloorBackend
+
+                self.backends.append(FloorBackend(self.store, self.rank, self.n, self.spec.rails[0],
+                                                  self.spec.timeout))
             else:
                 self.backends.append(GlooBackend(self.store, self.rank, self.n, self.spec.timeout))
         self._phase("start-up")

@@ -170,7 +170,10 @@ def layout(op: str, size: int, itemsize: int, world_size: int) -> Tuple[int, int
 # ------------------------------------------------------------------ dtypes, reductions
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
 REDOPS = ("sum", "prod", "min", "max", "avg")
-BACKENDS = ("linkescape", "gloo", "mpi")
+BACKENDS = ("linkescape", "gloo", "mpi", "floor")
+#: what the floor (bare Python over blocking sockets: floor.py) runs
+FLOOR_OPS = ("all_reduce", "barrier", "send_recv")
+FLOOR_REDOPS = ("sum", "prod", "min", "max")
 #: what Open MPI reduces and carries here (numpy types mpi4py maps; MPI has no average)
 MPI_DTYPES = ("float32", "float64", "int8", "uint8", "int32", "int64")
 MPI_REDOPS = ("sum", "prod", "min", "max")
@@ -246,6 +249,12 @@ class BenchSpec:
                 raise SpecError(f"{op} needs at least {OPS[op].min_ranks} ranks (--world-size)")
         if self.redop == "avg" and self.dtype in ("int8", "uint8", "int32", "int64") and "gloo" in self.backends:
             raise SpecError("avg of integers is not comparable between linkescape and gloo; use a float dtype")
+        if "floor" in self.backends:
+            other = [op for op in self.ops if op not in FLOOR_OPS]
+            if other:
+                raise SpecError(f"backend floor runs {', '.join(FLOOR_OPS)} only, not {', '.join(other)}")
+            if self.redop not in FLOOR_REDOPS:
+                raise SpecError(f"backend floor: reduction {self.redop} is not one of {', '.join(FLOOR_REDOPS)}")
         if "mpi" in self.backends:
             if self.dtype not in MPI_DTYPES:
                 raise SpecError(f"backend mpi: dtype {self.dtype} is not one of {', '.join(MPI_DTYPES)}")
