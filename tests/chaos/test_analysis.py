@@ -322,17 +322,26 @@ def test_a_host_repaired_a_moment_ago_is_no_relay_yet():
     assert rows[3]["condition"] == "relayable" and rows[3]["violation"]  # by then it must carry the pair
 
 
-def test_relays_are_counted_timed_and_matched_to_the_cross_faults():
-    sched = scripted([CROSS, {**CROSS, "id": 1, "at": 30.0, "hold": 5.0}], hosts=4, rails=2, duration=60)
+def _applied(sched):
+    """The runner's log and the fault intervals of a schedule applied on time."""
     log, ivs = [], []
     for f in sched.faults:
         for t0, t1, h, r, m in f.intervals():
             log.append({"fault": f.id, "action": "apply", "mechanism": m, "host": h, "rail": r, "ts": T0 + t0})
             ivs.append((T0 + t0, T0 + t1, h, r, m))
-    ev = lambda ts, rank, kind, peer, **kw: {"ts": T0 + ts, "event": kind, "rank": rank, "peer": peer, **kw}  # noqa
-    events = {1: [ev(10.05, 1, "relay_on", 2, via=3), ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")],
-              2: [ev(10.04, 2, "relay_on", 1, via=3), ev(14.0, 2, "relay_off", 1, via=3, cause="via_lost"),
-                  ev(14.2, 2, "relay_on", 1, via=0), ev(19.1, 2, "relay_off", 1, via=0, cause="path_back")]}
+    return log, ivs
+
+
+def _ev(ts, rank, kind, peer, **kw):
+    return {"ts": T0 + ts, "event": kind, "rank": rank, "peer": peer, **kw}
+
+
+def test_relays_are_counted_timed_and_matched_to_the_cross_faults():
+    sched = scripted([CROSS, {**CROSS, "id": 1, "at": 30.0, "hold": 5.0}], hosts=4, rails=2, duration=60)
+    log, ivs = _applied(sched)
+    events = {1: [_ev(10.05, 1, "relay_on", 2, via=3), _ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")],
+              2: [_ev(10.04, 2, "relay_on", 1, via=3), _ev(14.0, 2, "relay_off", 1, via=3, cause="via_lost"),
+                  _ev(14.2, 2, "relay_on", 1, via=0), _ev(19.1, 2, "relay_off", 1, via=0, cause="path_back")]}
     rel = analysis.relays(events, ivs, log, sched, t_start=T0, t_end=T0 + 60)
     assert rel["relay_on"] == 3 and rel["relay_off"] == {"path_back": 2, "via_lost": 1}
     assert rel["pairs"] == 1 and rel["relayed_s"] == pytest.approx(9.06)  # 10.04 .. 19.1, both ends merged
@@ -348,17 +357,12 @@ def test_a_cross_that_meets_its_pair_already_relayed_is_relayed_at_once():
     # make test, 2026-12-07: relay_after_refusals.json's cross (hosts 0 and 2) came while the pair was
     # still relayed through rank 3 since the flaps before it; no relay_on followed, none was needed
     sched = scripted([CROSS], hosts=4, rails=2, duration=30)
-    log, ivs = [], []
-    for f in sched.faults:
-        for t0, t1, h, r, m in f.intervals():
-            log.append({"fault": f.id, "action": "apply", "mechanism": m, "host": h, "rail": r, "ts": T0 + t0})
-            ivs.append((T0 + t0, T0 + t1, h, r, m))
-    ev = lambda ts, rank, kind, peer, **kw: {"ts": T0 + ts, "event": kind, "rank": rank, "peer": peer, **kw}  # noqa
-    on_since = {1: [ev(8.9, 1, "relay_on", 2, via=3), ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")]}
+    log, ivs = _applied(sched)
+    on_since = {1: [_ev(8.9, 1, "relay_on", 2, via=3), _ev(19.0, 1, "relay_off", 2, via=3, cause="path_back")]}
     rel = analysis.relays(on_since, ivs, log, sched, t_start=T0, t_end=T0 + 30)
     assert rel["cross_samples"][0]["relay_on_s"] == 0.0
     assert rel["cross_setup"]["n"] == 1 and rel["cross_setup"]["missed"] == 0
     # a relay that ended just as the cross came does not carry it
-    ended = {1: [ev(8.9, 1, "relay_on", 2, via=3), ev(10.1, 1, "relay_off", 2, via=3, cause="path_back")]}
+    ended = {1: [_ev(8.9, 1, "relay_on", 2, via=3), _ev(10.1, 1, "relay_off", 2, via=3, cause="path_back")]}
     rel = analysis.relays(ended, ivs, log, sched, t_start=T0, t_end=T0 + 30)
     assert rel["cross_samples"][0]["relay_on_s"] is None and rel["cross_setup"]["missed"] == 1
