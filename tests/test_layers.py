@@ -152,5 +152,5 @@ def test_the_folders_are_the_library_and_its_tools():
     import linkescape
     import linkescape.torchft
 
-    assert [pathlib.Path(p) for p in linkescape.__path__] == [SRC, TOOLS_HALF]
-    assert pathlib.Path(linkescape.torchft.__path__[-1]) == TOOLS_HALF / "torchft"
+    assert [pathlib.Path(p).resolve() for p in linkescape.__path__] == [SRC, TOOLS_HALF]
+    assert pathlib.Path(linkescape.torchft.__path__[-1]).resolve() == TOOLS_HALF / "torchft"
