@@ -70,12 +70,16 @@ def _job(rank, n, store_dir):
             time.sleep(0.05)
         snap = comm.snapshot()["peers"]
         every_link = len(snap) == n - 1 and all(l["usable"] for p in snap.values() for l in p["links"])
+        # (what was not up, when not: peer, rail, state, the cause of its last failure, failures, how long)
+        not_up = [(peer, l["rail"], l["state"], l["down_cause"], l["failures"], l["since_s"])
+                  for peer, p in snap.items() for l in p["links"] if not l["usable"]]
         primaries = sorted({p["primary"] for p in comm.snapshot()["peers"].values()})
         # start-up's links have epoch 1; Recovery's (re-)opened ones 2 and above
         epochs = comm._driver.call(lambda: {(p, l.rail): l.epoch for p, peer in comm._engine.peers.items()
                                             for l in peer.links if l is not None})
         events = [e["event"] for e in comm.events.recent()]
-        return {"at_start": at_start, "results": results, "every_link": every_link, "primaries": primaries,
+        return {"at_start": at_start, "results": results, "every_link": every_link, "not_up": not_up,
+                "peers": sorted(snap), "primaries": primaries,
                 "events": events, "by_start_up": sorted(k for k, e in epochs.items() if e == 1)}
     finally:
         comm.close()
@@ -86,7 +90,7 @@ def test_start_up_opens_the_neighbours_and_every_link_follows():
     res = raise_first(run_ranks(N, _job, make_comm=False, timeout=180))
     for rank, r in enumerate(res):
         assert set(r["at_start"]) >= {(rank - 1) % N, (rank + 1) % N}, (rank, r["at_start"])
-        assert r["every_link"], rank
+        assert r["every_link"], (rank, r["peers"], r["not_up"])
         # start-up opened the neighbours' primary links, and nothing else
         assert r["by_start_up"] == sorted([((rank - 1) % N, 0), ((rank + 1) % N, 0)]), (rank, r["by_start_up"])
         assert r["primaries"] == [0], (rank, r["primaries"])  # traffic on the primary rail once it is up
