@@ -345,7 +345,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
     everything unacknowledged goes again (then the wait doubles); an ack
     that covers it all ends the resending. (A relayed pair stalled 8.5 s
     in the chaos soak until its path changed.)"""
-    from linkescape.engine.relay import RELAY_RTO
+    from linkescape.protocol.paths import RELAY_RTO
 
     r = Rig(nrails=1)
     a, b = socket.socketpair()
@@ -367,7 +367,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
                 resent_at.append(i * step)
         # sent again after 0.2 s, then after 0.4 s more, then 0.8 s more (outside this window)
         assert resent_at == [200, 600], resent_at
-        assert r.peer.relay.resent == 2
+        assert r.peer.paths.relay_clock.resent == 2
         # the peer has it at last: nothing more is sent again
         r.peer.on_relayed(_sealed(pack_header(HEARTBEAT, 0, 1)))
         assert r.peer.outbound.unacked_bytes == 0
@@ -375,7 +375,7 @@ def test_relayed_frames_lost_at_the_relay_are_sent_again_when_the_peers_ack_stan
             r.clock.advance_ms(step)
             r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
         assert not [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA]
-        assert r.peer.relay.resent == 2
+        assert r.peer.paths.relay_clock.resent == 2
     finally:
         a.close()
         b.close()
@@ -398,7 +398,7 @@ def test_a_relayed_peer_that_says_nothing_is_not_sent_frames_again():
             r.clock.advance_ms(50)
             r.peer.tick(r.clock.now(), False, r.clock.now() + 1, False)
         assert not [f for f in _relayed_frames(b) if f[1] is not None and f[1].kind == DATA]
-        assert r.peer.relay is not None and r.peer.relay.resent == 0
+        assert r.peer.relay is not None and r.peer.paths.relay_clock.resent == 0
     finally:
         a.close()
         b.close()

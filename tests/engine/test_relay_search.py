@@ -17,7 +17,7 @@ from linkescape.engine.clock import FakeClock
 from linkescape.engine.core import Engine
 from linkescape.engine.io import POLLIN
 from linkescape.engine.link import Link
-from linkescape.engine.peer_timers import RELAY_SILENT
+from linkescape.protocol.paths import RELAY_SILENT
 from linkescape.engine.messages import Op, OutMessage
 from linkescape.protocol.frames import (DATA, FLAG_PASSED, HEADER_SIZE, HEARTBEAT, RELAY, RELAY_UNREACH, pack_header,
                                        unpack_header)

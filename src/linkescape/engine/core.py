@@ -619,15 +619,13 @@ class Engine:
             self.ops.fail_needing(peer, peer.lost)
         for p in op.peers:
             peer = peers[p]
-            if peer.receiver.blocked():
-                peer.resume_wanted = True
-            self._apply(peer, peer.pump())
+            self._apply(peer, peer.posted())
         self.ops.check(op, self.clock.now())
 
     def _post_any(self, m) -> None:
         # a whole message that waits already (the earliest of any peer's) is taken at once
         for peer in self.peers.values():
-            if peer.receiver.take_any(m):
+            if peer.take_any(m):
                 self._apply(peer, peer.pump())
                 return
         enqueue(self.matcher.any_recvs, m.msg, m)

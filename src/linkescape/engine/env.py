@@ -33,7 +33,7 @@ class Matcher:
         self.coll_failed: set = set()
         self.epoch = 0
         self.floor = 0
-        #: the peers whose receivers hold unexpected point-to-point messages (a shrink drops the
+        #: the receivers (one per peer) holding unexpected point-to-point messages (a shrink drops the
         #: old group's there, quiet peers too, without a scan of all peers)
         self.holding: set = set()
 

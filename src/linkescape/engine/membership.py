@@ -59,13 +59,12 @@ def shrink_locked(engine, excluded: Iterable[int], epoch: int, abort: bool = Tru
     engine.matcher.new_epoch(epoch)
     engine.matcher.any_recvs.clear()
     # the old group's unexpected messages go, of quiet peers too (only those holding some)
-    for peer in list(engine.matcher.holding):
-        peer.receiver.drop_stale(epoch)
+    for receiver in list(engine.matcher.holding):
+        receiver.drop_stale(epoch)
     for peer in list(engine.hot):
         if peer.lost is None:
             peer.receiver.drop_stale(epoch)
-            peer.resume_wanted = True  # frames parked for want of the new epoch may go on
-            engine._apply(peer, peer.pump())
+            engine._apply(peer, peer.posted())  # frames parked for want of the new epoch may go on
     engine.probes = ProbeBudget([p for p in range(engine.world_size) if p != engine.rank and p not in engine.excluded],
                                 engine.nrails, engine.config.probe_rate)
     engine._probed = None

@@ -37,7 +37,7 @@ from .io import POLLERR, POLLIN, POLLOUT
 from .link import Link, is_disconnect
 from .outcomes import (NOTHING, Closed, Emit, Fatal, LinkDown, LinkUp, LostReported, NoPath, PathBack, RelayEnded,
                        Redial, RelayReset, Unreachable)
-from .receiver import Receiver, Unexpected
+from .receiver import RESEND, Heard, Receiver, Unexpected
 from .peer_timers import PeerTimers
 from .sender import Sender
 from .env import PeerEnv
@@ -77,12 +77,9 @@ class PeerChannel(PeerTimers):
         self.paths = PeerPaths(env.rank, rank, nrails, env.policy, holddown=env.config.failback_holddown,
                                reconnect_max=env.config.reconnect_max, stranded_backoff=STRANDED_BACKOFF)
         self.sender = Sender(self)
-        self.receiver = Receiver(self)
-        self.relay_heard = 0.0
+        self.receiver = Receiver(rank, env, self.links, self.inbound, self.outbound, self.paths)
         #: what the peer advertised of its relay load (pairs it passes on)
         self.relay_load = 0
-        #: when an acknowledgement owed (and not sent along with a frame) goes alone
-        self.ack_due = 0.0
         self.closed_by_peer = False
         self.lost: Optional[BaseException] = None
         #: when links to this peer carried nonsense (ProtocolError), recently
@@ -167,6 +164,11 @@ class PeerChannel(PeerTimers):
                 self.report(PathBack())
             elif kind is P.RelayEnded:
                 self.report(RelayEnded(act.route, act.why))
+            elif act is P.RELAY_BEAT:
+                self._beat()
+            elif kind is P.Resend:
+                log.info("rank %d via %d: nothing acknowledged for %.3fs with %d frames out: sending them again",
+                         self.rank, self.relay.via, act.waited, act.frames)
             else:  # pragma: no cover - a new action without its shell
                 raise TypeError(f"no shell for {act!r}")
 
@@ -177,19 +179,54 @@ class PeerChannel(PeerTimers):
     def _emit(self, event: str, rail: int, cause: Optional[str], **extra) -> None:
         self._out.append(Emit(event, rail, cause, extra))
 
+    def _take_read(self) -> None:
+        """Take what the receiver read, in order: outcomes are handed on, frames for the
+        paths go to ``PeerPaths`` (``_heard``), a lost relayed frame is asked for again."""
+        r = self.receiver
+        if r.want_ack:
+            r.want_ack = False
+            self.sender.ack_urgent = True
+        if r.want_resume:
+            r.want_resume = False
+            self.resume_wanted = True
+        if not r.out:
+            return
+        got, r.out = r.out, []  # (what applying them makes the receiver read comes after, in order)
+        for item in got:
+            kind = type(item)
+            if kind is Heard:
+                self._heard(item.link, item.hdr)
+            elif item is RESEND:
+                self.lost_relayed()
+            else:
+                self._out.append(item)
+
+    def _heard(self, link: Optional[Link], hdr: Header) -> None:
+        """A frame for the paths: its rail word (when it changed), then what a control frame says
+        (not when its rail word took down the very link it came on)."""
+        if hdr.rails != self.paths.peer_rails.word:
+            self.on_peer_rails(hdr.rails)
+            if link is not None and not link.open:
+                return  # this very rail is down on the peer's side
+        if hdr.kind != DATA and hdr.kind != RELAY:
+            self.on_control(link, hdr)
+
     def _done(self):
-        """End of a call from the engine: let parked links go on (never from
-        inside a read loop), then hand over what happened."""
+        """End of a call from the engine: take what the receiver read, let parked links go on
+        (never from inside a read loop), then hand over what happened."""
+        self._take_read()
         guard = 0
         while self.resume_wanted and guard < 1000:
             self.resume_wanted = False
             guard += 1
             try:
-                self.receiver.resume_parked()
+                for link in self.receiver.resume_parked():
+                    self.read_now(link)
             except ProtocolError as exc:
                 self._protocol_error(None, exc)
             except LinkEscapeError as exc:
                 self.report(Fatal(exc))
+            self._take_read()
         out = self._out
         if not out:
             return NOTHING
@@ -223,6 +260,21 @@ class PeerChannel(PeerTimers):
         if not self.engaged():
             self._engaging(())
         self.receiver.post(m)
+        self._take_read()
+
+    def take_any(self, m) -> bool:
+        """An any-source receive being posted: this peer takes it if a whole unexpected message
+        of its waits (its outcomes come with the next call's)."""
+        taken = self.receiver.take_any(m)
+        self._take_read()
+        return taken
+
+    def posted(self):
+        """An operation with this peer was posted: frames that waited for its receives may go
+        on (parked links, the stash), and what is ready is written."""
+        if self.receiver.blocked():
+            self.resume_wanted = True
+        return self.pump()
 
     def _engaging(self, sending) -> None:
         """An operation's traffic starts: the links beat from now on (``tick``), the
@@ -408,17 +460,11 @@ class PeerChannel(PeerTimers):
         of the peer's that comes back through a relay, so a rank that
         cannot reach the peer (it says so: RELAY_UNREACH) or a peer that is
         gone never looks relayed."""
-        self.relay_heard = self.env.clock.now()
-        self.paths.relay_started(path, self.relay_heard)
+        self.paths.relay_started(path, self.env.clock.now())
         self._apply_paths()
         self.sender.pump()
         self._beat()
-        path.last_sent = self.relay_heard
         return self._done()
-
-    def _relay_confirmed(self) -> None:
-        self.paths.relay_confirmed()
-        self._apply_paths()
 
     def relay_lost(self, via: int, why: str):
         """The relay through ``via`` cannot carry our frames any more (it
@@ -466,8 +512,16 @@ class PeerChannel(PeerTimers):
         return self._done()
 
     def _read(self, link: Link) -> None:
+        """Read ``link`` on; what the receiver read is taken after each of its loops (a frame for
+        the paths ends one: the next goes on only if the link is still open and not parked)."""
         try:
-            self.receiver.on_readable(link)
+            more = True
+            while more:
+                try:
+                    more = self.receiver.on_readable(link)
+                finally:
+                    self._take_read()
+                more = more and link.open and not link.parked
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as exc:
@@ -547,15 +601,17 @@ class PeerChannel(PeerTimers):
                 raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=self.rank)
             if hdr.kind == RELAY:
                 raise ProtocolError("a relayed frame relays another", peer=self.rank)
-            self.relay_heard = self.env.clock.now()
-            if self.relay is not None and not self.relay.confirmed:
-                self._relay_confirmed()
+            self.paths.relay_heard(self.env.clock.now())
+            self._apply_paths()
             if hdr.ack:
                 self.outbound.on_ack(hdr.ack)
             if hdr.rails != self.peer_rails.word:
                 self.on_peer_rails(hdr.rails)
             if hdr.kind == DATA:
-                self.receiver.on_relayed(frame)
+                try:
+                    self.receiver.on_relayed(frame)
+                finally:
+                    self._take_read()
             else:
                 self.on_control(None, hdr)
         except ProtocolError:

@@ -17,12 +17,9 @@ from ..protocol.frames import DATA, HEARTBEAT, NOTIFY_SILENT
 from ..protocol.linkstate import Ev, State
 from ..transport.tcp import tcp_info_summary
 from .link import Link
-from .relay import RELAY_RTO
 
 log = logging.getLogger("linkescape.engine")
 
-#: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
-RELAY_SILENT = 1.0
 #: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
 HELD_BEATS = 4
 # (bits of a HEARTBEAT's arg: protocol/paths.py, AVOID_MASK and LOAD_SHIFT)
@@ -121,12 +118,16 @@ class PeerTimers:
                 # (a link with bytes queued beats once they are out)
                 due = min(due, max(link.last_sent, now) + iv if link.out else link.last_sent + iv)
         if self.relay is not None:
-            due = self._relay_tick(now, due)
+            due = self.paths.relay_tick(now, hb, self.outbound.acked, len(self.outbound.unacked),
+                                        any(l.out for l in self.sender.links()), due)
+            self._apply_paths()
+            if self.sender.replay:
+                self.sender.pump()
         if self.inbound.ack_owed:
-            if now >= self.ack_due:
+            if now >= self.receiver.ack_due:
                 self.sender.send_ack()
             else:
-                due = min(due, self.ack_due)
+                due = min(due, self.receiver.ack_due)
         return due, self._done()
 
     def _follow_up(self, link: Link) -> None:
@@ -148,36 +149,6 @@ class PeerTimers:
             link.pending_since = None
         else:
             self._beat(link)
-
-    def _relay_tick(self, now: float, due: float) -> float:
-        relay = self.relay
-        if now - self.relay_heard > RELAY_SILENT:
-            self._relay_lost(relay.via, "timeout")
-            return due
-        hb = self.env.config.heartbeat_interval
-        if now - relay.last_sent >= hb:
-            self._beat()
-            relay.last_sent = now
-        due = min(due, relay.last_sent + hb, self.relay_heard + RELAY_SILENT)
-        out = self.outbound
-        if not out.unacked or out.acked != relay.acked or any(l.out for l in self.sender.links()):
-            relay.acked = out.acked
-            relay.progress_at = now
-            relay.rto = RELAY_RTO
-        elif now + 1e-9 >= relay.progress_at + relay.rto and self.relay_heard > relay.progress_at:
-            # (the peer spoke through the relay since, and its ack did not move: our frames were lost;
-            # a peer that says nothing is starved or gone, and sending again would only add load.
-            # A timer due then may wake a float hair early.)
-            log.info("rank %d via %d: nothing acknowledged for %.3fs with %d frames out: sending them again",
-                     self.rank, relay.via, now - relay.progress_at, len(out.unacked))
-            relay.progress_at = now
-            relay.rto = min(2 * relay.rto, RELAY_SILENT)
-            relay.resent += 1
-            self.sender.replay = True
-            self.sender.pump()
-        if out.unacked:
-            due = min(due, relay.progress_at + relay.rto)
-        return due
 
     def _tcp_summary(self, link: Link) -> str:
         try:

@@ -24,15 +24,24 @@ path carried them.
   (bytes and messages) of each peer. Past a bound the link stays parked
   (the sender waits) rather than the rank allocating.
 - A reduction is applied only to a frame that arrived whole.
-- The receiver reports what completes (``RecvDone``) and what fails as
-  outcomes; it never calls into the engine.
+- The receiver never calls into its peer or the engine: it returns what it
+  read. ``out`` holds, in the order read, what completed or failed
+  (outcomes: ``RecvDone``, ``OpFailed``, a relay's ``Relayed``/``Forward``),
+  what is for the pair's paths (``Heard``: a control frame, or a frame whose
+  rail word changed) and ``RESEND`` (a relayed frame could not be kept: the
+  peer must send again); two flags ask for an acknowledgement at once
+  (``want_ack``) and for parked links to be tried again (``want_resume``).
+  The shell (``PeerChannel``) takes them after every call and hands the
+  ``Heard`` ones to ``PeerPaths``. A control frame, or a changed rail word,
+  ends a read loop: what follows it on the link is read only once the shell
+  applied it (a rail the peer says is down is not read on).
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, Iterator, List, NamedTuple, Optional
 
 from ..errors import CollectiveMismatch, FrameAuthError, ProtocolError
 from ..protocol.channel import AHEAD, DUPLICATE
@@ -47,6 +56,18 @@ from .outcomes import Forward, OpFailed, Relayed, RecvDone
 #: (the longest the peer's retransmit store holds small frames for want of it)
 ACK_DELAY = 0.04
 ACK_NET = 0.1
+
+
+class Heard(NamedTuple):
+    """A frame for the pair's paths: a control frame, or one whose rail word differs from the
+    word applied (``link`` None: it came through a relay)."""
+
+    link: Optional[Link]
+    hdr: Header
+
+
+#: in ``Receiver.out``: a relayed frame could not be kept, the peer must send again (RELAY_RESET)
+RESEND = "resend"
 
 
 class Unexpected:
@@ -95,8 +116,26 @@ class Stashed:
 
 
 class Receiver:
-    def __init__(self, peer: "PeerChannel") -> None:
-        self.peer = peer
+    def __init__(self, rank: int, env, links: List[Optional[Link]], inbound, outbound, paths) -> None:
+        """``links`` is the peer's list of links (the same list: the shell keeps it), ``inbound``
+        and ``outbound`` the pair's channels (protocol/channel.py), ``paths`` its PeerPaths, read
+        only (the relay in use, the rail word applied)."""
+        self.rank = rank
+        self.env = env
+        self.links = links
+        self.inbound = inbound
+        self.outbound = outbound
+        self.paths = paths
+        #: what was read, in order, for the shell to take (see the module's text)
+        self.out: list = []
+        #: an acknowledgement the peer waits for is owed (a duplicate, FLAG_ACK_NOW)
+        self.want_ack = False
+        #: a frame was applied: parked links may be able to go on
+        self.want_resume = False
+        #: when an acknowledgement owed (and not sent along with a frame) goes alone
+        self.ack_due = 0.0
+        #: the read loop met a frame for the paths: it ends after that frame
+        self._stop = False
         #: when a link of this peer last had bytes for us (our clock): the peer was alive then (the
         #: store's liveness record it wrote last is at most a beat older: engine/beacon.py)
         self.heard = 0.0
@@ -126,7 +165,7 @@ class Receiver:
 
     def _claim(self, m: InMessage) -> InMessage:
         """An any-source receive is taken by this peer."""
-        rank = self.peer.rank
+        rank = self.rank
         m.peer = rank
         m.op.source = rank
         m.op.peers.add(rank)
@@ -136,9 +175,9 @@ class Receiver:
         """The receive posted first for a whole unexpected message: this
         peer's own, or an any-source one."""
         queue = self.p2p_recvs.get(tag)
-        anyq = self.peer.env.matcher.any_recvs.get(tag)
+        anyq = self.env.matcher.any_recvs.get(tag)
         if anyq and (not queue or anyq[0].op.seq < queue[0].op.seq):
-            return self._claim(pop_first(self.peer.env.matcher.any_recvs, tag))
+            return self._claim(pop_first(self.env.matcher.any_recvs, tag))
         return pop_first(self.p2p_recvs, tag) if queue else None
 
     def take_any(self, m: InMessage) -> bool:
@@ -164,7 +203,7 @@ class Receiver:
         self.unexpected_bytes -= u.nbytes
         self.unexpected_count -= 1
         if not self.unexpected_count:
-            self.peer.env.matcher.holding.discard(self.peer)
+            self.env.matcher.holding.discard(self)
 
     def waiting(self) -> bool:
         """A receive is posted (or a message half in) from this peer."""
@@ -181,10 +220,10 @@ class Receiver:
         if self.cur_in is m:
             # its later frames still come, in order: read and dropped, not taken for another message's
             self.cur_in = rest = Dropped(m.msg, m.sig, m.nbytes, m.received) if m.received < m.nbytes else None
-        for link in self.peer.links:
+        for link in self.links:
             if link is not None and link.binding is m:
                 link.binding = rest  # (the frame half-read is accounted, its bytes dropped)
-                link.sink = self.peer.env.discard(len(link.sink))
+                link.sink = self.env.discard(len(link.sink))
 
     def drop_stale(self, epoch: int) -> None:
         """The group was shrunk (``Matcher.new_epoch``): point-to-point messages of the old
@@ -196,25 +235,24 @@ class Receiver:
         cur = self.cur_in
         if isinstance(cur, Unexpected) and cur.sig != epoch:
             self.cur_in = rest = Dropped(cur.msg, cur.sig, cur.nbytes, cur.received)
-            for link in self.peer.links:
+            for link in self.links:
                 if link is not None and link.binding is cur:
                     link.binding = rest
-                    link.sink = self.peer.env.discard(len(link.sink))
+                    link.sink = self.env.discard(len(link.sink))
 
     def _take_unexpected(self, u: Unexpected, m: InMessage) -> None:
-        peer = self.peer
         self._forget(u)
         if u.nbytes != m.nbytes:
-            peer.report(OpFailed(m.op, CollectiveMismatch(
-                f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {u.nbytes} bytes",
-                peer=peer.rank, op_seq=m.op.seq)))
+            self.out.append(OpFailed(m.op, CollectiveMismatch(
+                f"recv of {m.nbytes} bytes from rank {self.rank} matched a send of {u.nbytes} bytes",
+                peer=self.rank, op_seq=m.op.seq)))
             return
         if m.nbytes:
-            peer.env.protect(m.dst)
+            self.env.protect(m.dst)
             m.dst[:] = u.buf
         m.received = m.nbytes
         m.done = True
-        peer.report(RecvDone(m))
+        self.out.append(RecvDone(m))
 
     # ------------------------------------------------------------ reading
     def on_readable(self, link: Link) -> None:
@@ -225,13 +263,18 @@ class Receiver:
         straight to where it belongs (``_header``, ``deliver``); with them
         (``link.mac``) each frame is read whole (header, payload, tag) and
         acted on only once its tag verified, so a forged frame changes nothing
-        (it costs the link: a FrameAuthError) (``_sealed_room``, ``_verified``)."""
+        (it costs the link: a FrameAuthError) (``_sealed_room``, ``_verified``).
+
+        True: it stopped after a frame for the paths (``Heard`` in ``out``);
+        the caller applies it and, if the link is still open and not parked,
+        calls again."""
         if link.parked:  # waiting for an earlier frame or a posted receive: stop looking (see _park)
             self._reading(link, False)
-            return
-        self.heard = self.peer.env.clock.now()
+            return False
+        self._stop = False
+        self.heard = self.env.clock.now()
         sealed = link.mac is not None
-        bound = self.peer.env.config.max_frame_bytes
+        bound = self.env.config.max_frame_bytes
         drained = False
         while True:
             hdr = link.hdr
@@ -240,7 +283,7 @@ class Receiver:
                 hdr = link.take_header(bound)
                 if hdr is None:
                     if drained:
-                        return
+                        return False
                     drained = link.fill()
                     continue
                 if sealed:
@@ -249,41 +292,39 @@ class Receiver:
                     go = self._sealed_room(link)
                 else:
                     go = self._header(link, hdr)
-                    if go is None:
-                        continue  # a control frame, applied: the next
                 if not go:
-                    return
+                    return self._stop
             if link.sink_got < len(link.sink):
                 got = link.take_payload()
                 if got is not True:
                     if got is None or drained:
-                        return
+                        return False
                     drained = link.fill()
                     continue
             if sealed:
                 self._verified(link)
             else:
                 self.deliver(link)
-            if not link.open or link.parked:
-                return
+            if self._stop or not link.open or link.parked:
+                return self._stop
 
-    def _header(self, link: Link, hdr) -> Optional[bool]:
-        """(no frame MACs) A header just read: its ack and rail word are applied, a control frame
-        too (None: read the next). True: its payload follows (bound); False: stop reading (the
-        link went down or parked)."""
-        peer = self.peer
+    def _header(self, link: Link, hdr) -> bool:
+        """(no frame MACs) A header just read: its ack is applied; a control frame is for the paths
+        (stop reading: False). True: its payload follows (bound); False: stop reading (parked)."""
         if hdr.ack:
-            peer.outbound.on_ack(hdr.ack)
-        if hdr.rails != peer.peer_rails.word:
-            peer.on_peer_rails(hdr.rails)
-            if not link.open:
-                return False  # this very rail is down on the peer's side
+            self.outbound.on_ack(hdr.ack)
         kind = hdr.kind
         if kind != DATA and kind != RELAY:
-            peer.on_control(link, hdr)
-            return None if link.open else False
+            self._hear(link, hdr)
+            return False
+        if hdr.rails != self.paths.peer_rails.word:
+            self._hear(link, hdr)  # (the loop ends after this frame)
         link.hdr = hdr
         return self.bind(link)
+
+    def _hear(self, link: Optional[Link], hdr: Header) -> None:
+        self.out.append(Heard(link, hdr))
+        self._stop = True
 
     # ------------------------------------------------------------ frames with MACs
     def _verified(self, link: Link) -> None:
@@ -293,7 +334,7 @@ class Receiver:
         if not link.mac.check(whole[hdr.length:], head, payload):
             raise FrameAuthError(f"frame {link.mac.received - 1} on the link fails its MAC (forged, altered or "
                                  f"out of place; LINKESCAPE_FRAME_AUTH must be the same on every rank)",
-                                 peer=self.peer.rank, rail=link.rail)
+                                 peer=self.rank, rail=link.rail)
         link.reset_read()
         self._sealed_frame(link, hdr, payload)
 
@@ -301,12 +342,11 @@ class Receiver:
         """May the current frame be read now (its payload kept until verified)?
         A frame that can only be kept (not placed) waits while the stash is
         full, as one for a relay whose window is full; False parks."""
-        peer = self.peer
         hdr = link.hdr
         if hdr.kind == RELAY and not hdr.flags & FLAG_PASSED:
-            if not peer.env.relay_admit(peer.rank, hdr.arg, hdr.length):
+            if not self.env.relay_admit(self.rank, hdr.arg, hdr.length):
                 return self._park(link)
-        elif hdr.kind == DATA and hdr.seq > peer.inbound.expected:  # (the next one is always read: it fills gaps)
+        elif hdr.kind == DATA and hdr.seq > self.inbound.expected:  # (the next one is always read: it fills gaps)
             if not self._stash_room(hdr.length):
                 return self._park(link)
         n = hdr.length + TAG_SIZE
@@ -322,31 +362,29 @@ class Receiver:
     def _sealed_frame(self, link: Link, hdr: Header, payload: memoryview) -> None:
         """A frame whose tag verified: act on it as on any frame (its payload
         is in the link's buffer: what is kept is copied)."""
-        peer = self.peer
         if hdr.ack:
-            peer.outbound.on_ack(hdr.ack)
-        if hdr.rails != peer.peer_rails.word:
-            peer.on_peer_rails(hdr.rails)
-            if not link.open:
-                return
-        if hdr.kind == DATA:
+            self.outbound.on_ack(hdr.ack)
+        kind = hdr.kind
+        if kind != DATA and kind != RELAY:
+            self._hear(link, hdr)
+            return
+        if hdr.rails != self.paths.peer_rails.word:
+            self._hear(link, hdr)  # (the loop ends after this frame)
+        if kind == DATA:
             self._whole_data(hdr, payload, keep=True)
-        elif hdr.kind == RELAY:
-            frame = memoryview(bytearray(payload))
-            peer.report(Relayed(hdr.arg, frame, link) if hdr.flags & FLAG_PASSED else Forward(hdr.arg, frame))
         else:
-            peer.on_control(link, hdr)
+            frame = memoryview(bytearray(payload))
+            self.out.append(Relayed(hdr.arg, frame, link) if hdr.flags & FLAG_PASSED else Forward(hdr.arg, frame))
 
     def _whole_data(self, hdr: Header, payload: memoryview, keep: bool) -> None:
         """A whole DATA frame of this peer: applied if it is next and its
         message is posted, else stashed (a copy when ``keep``: the buffer is
         reused), a duplicate acknowledged again."""
-        peer = self.peer
-        if peer.inbound.classify(hdr.seq) is DUPLICATE or hdr.seq in self.stash:
-            peer.inbound.ack_sent = 0
-            peer.sender.ack_urgent = True
+        if self.inbound.classify(hdr.seq) is DUPLICATE or hdr.seq in self.stash:
+            self.inbound.ack_sent = 0
+            self.want_ack = True
             return
-        if hdr.seq == peer.inbound.expected:
+        if hdr.seq == self.inbound.expected:
             # the next one is placed whatever the stash holds (later frames only: this one is not
             # there): it is what they wait for, and a full stash must never keep it out
             cur = self.cur_in
@@ -358,41 +396,40 @@ class Receiver:
                 cur = self._next(cur, hdr, None)
             if cur is not None:
                 self._place(hdr, cur, payload)
-                peer.resume_wanted = True
+                self.want_resume = True
                 if self._stash_seqs:
                     self.apply_stash()
                 return
         kept = self._stash(hdr, memoryview(bytes(payload)) if keep else payload, evict=True)
         if kept is not KEPT:
-            peer.lost_relayed()  # no room, or later frames made room for it: the sender must send again
+            self.out.append(RESEND)  # no room, or later frames made room for it: the sender must send again
             if not kept:
                 return
         self.apply_stash()
 
     def bind(self, link: Link) -> bool:
         """Decide where the current frame's payload goes; False to park."""
-        peer = self.peer
-        env = peer.env
+        env = self.env
         hdr = link.hdr
         if hdr.kind == RELAY:
-            if not hdr.flags & FLAG_PASSED and not env.relay_admit(peer.rank, hdr.arg, hdr.length):
+            if not hdr.flags & FLAG_PASSED and not env.relay_admit(self.rank, hdr.arg, hdr.length):
                 return self._park(link)  # the relay's window for that pair is full
             link.binding = _RELAY
             link.sink = memoryview(bytearray(hdr.length))
             return self._bound(link)
-        cls = peer.inbound.classify(hdr.seq)
+        cls = self.inbound.classify(hdr.seq)
         if cls is not DUPLICATE and hdr.seq in self.stash:
             cls = DUPLICATE  # a replay of a frame we hold already
         if cls is DUPLICATE:
             # a replay of something we have: our ack may have died with a link
             link.binding = None
             link.sink = env.discard(hdr.length)
-            peer.inbound.ack_sent = 0
-            peer.sender.ack_urgent = True
+            self.inbound.ack_sent = 0
+            self.want_ack = True
         elif cls is AHEAD:
             if self.stash and self._to_stash(link):
                 return True  # it follows frames the stash holds
-            if peer.relay is not None or any(other is not link and other.open for other in peer.links if other):
+            if self.paths.relay is not None or any(other is not link and other.open for other in self.links if other):
                 return self._park(link)  # the gap is on its way over another path (or the stash)
             # No other path can fill the gap: the frames missing are replayed
             # behind this one on this very link, and so is this one. Drop it.
@@ -445,10 +482,10 @@ class Receiver:
                 if isinstance(cur, Unexpected):
                     discard(self.unexpected, cur.msg, cur)
                     self._forget(cur)
-                for link in self.peer.links:  # (its frames are all in: only a duplicate may be bound)
+                for link in self.links:  # (its frames are all in: only a duplicate may be bound)
                     if link is not None and link.binding is cur:
                         link.binding = None
-                        link.sink = self.peer.env.discard(len(link.sink))
+                        link.sink = self.env.discard(len(link.sink))
                 self.cur_in = None
                 cur = self._match(hdr)
                 if cur is not None:
@@ -461,26 +498,26 @@ class Receiver:
     def _check_next(self, cur, hdr: Header, rail: Optional[int]) -> None:
         if cur.msg != hdr.msg or cur.received != hdr.offset:
             raise ProtocolError(f"frame of message {hdr.msg:#x} at offset {hdr.offset} while "
-                                f"{cur.msg:#x} is at {cur.received}", peer=self.peer.rank, rail=rail)
+                                f"{cur.msg:#x} is at {cur.received}", peer=self.rank, rail=rail)
         if hdr.offset + hdr.length > cur.nbytes or hdr.arg != cur.nbytes:
             # the first frame matched the message's size: this is not a
             # disagreement of the ranks but a frame that lies
             raise ProtocolError(f"frame at offset {hdr.offset} with {hdr.length} bytes of a "
                                 f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes",
-                                peer=self.peer.rank, rail=rail)
+                                peer=self.rank, rail=rail)
 
     def _park(self, link: Link) -> bool:
         if self.stash and self._to_stash(link):
             return True
         if not link.parked:
             link.parked = True
-            link.parked_at = now = self.peer.env.clock.now()
-            self.peer.env.soon(now + STASH_AFTER)  # (stash_parked)
+            link.parked_at = now = self.env.clock.now()
+            self.env.soon(now + STASH_AFTER)  # (stash_parked)
             # (read interest stays on until the poll finds more bytes here: on_readable turns it off)
         return False
 
     def _stash_room(self, nbytes: int) -> bool:
-        limits = self.peer.env.config
+        limits = self.env.config
         return (self.stash_bytes + nbytes <= limits.max_stash_bytes
                 and len(self.stash) < limits.max_stash_frames)
 
@@ -501,7 +538,7 @@ class Receiver:
         """(timer) Links parked for longer than STASH_AFTER are read on into the stash; returns when
         the next parked one will be (``due`` if none is sooner): nothing else wakes the timers for a
         parked frame while no operation is in flight."""
-        for link in self.peer.links:
+        for link in self.links:
             if link is not None and link.parked and link.hdr is not None and link.mac is None:
                 at = link.parked_at + STASH_AFTER
                 if now >= at:
@@ -511,13 +548,12 @@ class Receiver:
         return due
 
     def _reading(self, link: Link, reading: bool) -> None:
-        self.peer.env.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
+        self.env.io.want(link, (POLLIN if reading else 0) | (POLLOUT if link.out else 0))
 
     def _match(self, hdr: Header):
-        peer = self.peer
         if hdr.offset != 0:
-            raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=peer.rank)
-        matcher = peer.env.matcher
+            raise ProtocolError(f"message {hdr.msg:#x} starts at offset {hdr.offset}", peer=self.rank)
+        matcher = self.env.matcher
         if hdr.msg & P2P_FLAG:
             if hdr.sig != matcher.epoch:  # (the group's epoch: see Matcher)
                 return Dropped(hdr.msg, hdr.sig, hdr.arg) if hdr.sig < matcher.epoch else None
@@ -531,17 +567,17 @@ class Receiver:
                 m = pop_first(queues, hdr.msg)
                 if m.nbytes != hdr.arg:
                     raise CollectiveMismatch(
-                        f"recv of {m.nbytes} bytes from rank {peer.rank} matched a send of {hdr.arg} bytes",
-                        peer=peer.rank, op_seq=m.op.seq)
+                        f"recv of {m.nbytes} bytes from rank {self.rank} matched a send of {hdr.arg} bytes",
+                        peer=self.rank, op_seq=m.op.seq)
                 return m
-            limits = peer.env.config
+            limits = self.env.config
             if (self.unexpected_bytes + hdr.arg > limits.max_unexpected_bytes
                     or self.unexpected_count >= limits.max_unexpected):
                 return None  # past the bound: the sender waits until a receive is posted
             u = Unexpected(hdr.msg, hdr.sig, hdr.arg)
             self.unexpected_bytes += hdr.arg
             self.unexpected_count += 1
-            matcher.holding.add(peer)  # (a shrink drops the old group's: Receiver.drop_stale)
+            matcher.holding.add(self)  # (a shrink drops the old group's: Receiver.drop_stale)
             enqueue(self.unexpected, hdr.msg, u)
             return u
         if hdr.msg < matcher.floor:
@@ -553,40 +589,39 @@ class Receiver:
                 return Dropped(hdr.msg, hdr.sig, hdr.arg)  # a collective that failed here: the rest of it
             if hdr.msg <= matcher.coll_started:
                 raise CollectiveMismatch(
-                    f"rank {peer.rank} sent data for collective #{hdr.msg}, in which rank {peer.env.rank} "
-                    f"expects nothing from it (different operation, root or group)", peer=peer.rank,
+                    f"rank {self.rank} sent data for collective #{hdr.msg}, in which rank {self.env.rank} "
+                    f"expects nothing from it (different operation, root or group)", peer=self.rank,
                     op_seq=hdr.msg)
             return None
         m = self.coll_recvs[0]
         if m.msg != hdr.msg or m.sig != hdr.sig or m.nbytes != hdr.arg:
-            raise CollectiveMismatch(_mismatch_text(peer.env.rank, peer.rank, m, hdr), peer=peer.rank,
+            raise CollectiveMismatch(_mismatch_text(self.env.rank, self.rank, m, hdr), peer=self.rank,
                                      op_seq=m.op.seq)
         self.coll_recvs.popleft()
         return m
 
     def deliver(self, link: Link) -> None:
         """The current frame is whole: apply it (once) and move on."""
-        peer = self.peer
         hdr = link.hdr
         m = link.binding
         if m is _RELAY:
             frame = link.sink
             link.reset_read()
             if hdr.flags & FLAG_PASSED:
-                peer.report(Relayed(hdr.arg, frame, link))
+                self.out.append(Relayed(hdr.arg, frame, link))
             else:
-                peer.report(Forward(hdr.arg, frame))
+                self.out.append(Forward(hdr.arg, frame))
             return
         if m is _STASH:
             if self._stash(hdr, link.sink, evict=True) is not KEPT:
                 # its room, free when its header was read, went to another frame meanwhile (a
                 # relayed one, another link's): it took a later frame's, or was dropped; either
                 # way the sender must send again
-                peer.lost_relayed()
+                self.out.append(RESEND)
             link.reset_read()
             self.apply_stash()
             return
-        if m is not None and hdr.seq != peer.inbound.expected:
+        if m is not None and hdr.seq != self.inbound.expected:
             m = None  # another path delivered this frame first: a duplicate now
         if m is not None:
             self._applied(hdr, m, link.sink, link)
@@ -595,14 +630,14 @@ class Receiver:
         # this one (failback: new frames on the primary while the backup
         # drains), or the start of a message that is posted now.
         if self.blocked():
-            peer.resume_wanted = True
+            self.want_resume = True
 
     def blocked(self) -> bool:
         """Frames wait that a new receive or an applied frame may let in
         (the stash, a parked link)."""
         if self.stash:
             return True
-        for link in self.peer.links:
+        for link in self.links:
             if link is not None and link.parked:
                 return True
         return False
@@ -613,7 +648,7 @@ class Receiver:
         when there is no room. ``evict``: a frame may take the room of later frames. Without it,
         a stash full of frames that wait for this one would turn it away each time it came, for
         as long as the pair had no other path: the lowest frames are the ones the stash keeps."""
-        if hdr.seq < self.peer.inbound.expected or hdr.seq in self.stash:
+        if hdr.seq < self.inbound.expected or hdr.seq in self.stash:
             return KEPT
         kept = KEPT
         if not self._stash_room(hdr.length):
@@ -623,14 +658,14 @@ class Receiver:
         self.stash[hdr.seq] = Stashed(hdr, payload)
         heapq.heappush(self._stash_seqs, hdr.seq)
         self.stash_bytes += hdr.length
-        self.peer.env.soon(0.0)  # the timers keep a close eye on a peer with frames stashed
+        self.env.soon(0.0)  # the timers keep a close eye on a peer with frames stashed
         return kept
 
     def _evict_above(self, seq: int, nbytes: int) -> bool:
         """Drop stashed frames above ``seq``, highest first, until one of ``nbytes`` fits; nothing
         is dropped (False) when even all of them would not make room. Rare (a stash at its
         bound): linear in what it holds."""
-        limits = self.peer.env.config
+        limits = self.env.config
         later = sorted((s for s in self.stash if s > seq), reverse=True)
         free_bytes = limits.max_stash_bytes - self.stash_bytes
         free_frames = limits.max_stash_frames - len(self.stash)
@@ -653,19 +688,18 @@ class Receiver:
     def _applied(self, hdr: Header, m, payload: memoryview, link: Optional[Link] = None) -> None:
         """Account a frame whose bytes are in place (or, for a reduction, in
         ``payload``): exactly once, in seq order."""
-        peer = self.peer
-        inbound = peer.inbound
+        inbound = self.inbound
         if not inbound.ack_owed:
             # the first frame owing an ack: it goes with our next frame to the peer, or alone
             # from ACK_DELAY on, when the timers next run (they wake for it once they saw it
             # owed; the wake-up asked for here is a net, later: one this early would mostly find
             # the ack gone with a frame, and an earlier timer round replaces it)
-            now = peer.env.clock.now()
-            peer.ack_due = now + ACK_DELAY
-            peer.env.soon(now + ACK_NET)
+            now = self.env.clock.now()
+            self.ack_due = now + ACK_DELAY
+            self.env.soon(now + ACK_NET)
         inbound.applied(hdr.seq)
         if hdr.flags & FLAG_ACK_NOW:
-            peer.sender.ack_urgent = True  # the sender waits for it
+            self.want_ack = True  # the sender waits for it
         if isinstance(m, Dropped):
             m.received += hdr.length
             if m.received >= m.nbytes:
@@ -689,38 +723,36 @@ class Receiver:
             if m.received == m.nbytes:
                 self.cur_in = None
                 m.done = True
-                peer.report(RecvDone(m))
+                self.out.append(RecvDone(m))
         # A copy of this frame half-read on another (failing) link must
         # never land in memory that may be reused from now on. (Only DATA
         # frames of this channel: a RELAY frame half-read on the same link is
         # another pair's, its header carries no sequence number of ours, and
         # dropping it would lose that pair's frame.)
-        expected = peer.inbound.expected
-        for other in peer.links:
+        expected = self.inbound.expected
+        for other in self.links:
             if (other is not None and other is not link and other.mac is None and other.binding is not None
                     and other.hdr is not None and other.hdr.kind == DATA and other.hdr.seq < expected):
                 other.binding = None
-                other.sink = peer.env.discard(len(other.sink))
+                other.sink = self.env.discard(len(other.sink))
 
     def on_relayed(self, frame: memoryview) -> None:
         """A whole DATA frame of this peer that a third rank passed on: apply
         it if it is next and its message is posted, else keep it in the
         stash (or drop a duplicate). Its header was read by the peer."""
-        peer = self.peer
-        hdr = unpack_header(frame, peer.env.config.max_frame_bytes)
+        hdr = unpack_header(frame, self.env.config.max_frame_bytes)
         payload = frame[HEADER_SIZE:HEADER_SIZE + hdr.length]
         if len(payload) != hdr.length:
-            raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=peer.rank)
+            raise ProtocolError(f"relayed frame of {len(frame)} bytes announces {hdr.length}", peer=self.rank)
         self._whole_data(hdr, payload, keep=False)
 
     def apply_stash(self) -> None:
         """Apply stashed frames that can be placed now, in seq order (each
         stashed frame is looked at a bounded number of times: linear)."""
-        peer = self.peer
         stash = self.stash
         seqs = self._stash_seqs
         while seqs:
-            expected = peer.inbound.expected
+            expected = self.inbound.expected
             while seqs and seqs[0] < expected:  # delivered meanwhile over another path
                 s = stash.pop(heapq.heappop(seqs), None)
                 if s is not None:
@@ -752,26 +784,27 @@ class Receiver:
             cur.buf[hdr.offset:hdr.offset + hdr.length] = payload
         elif cur.reduce is None and hdr.length:
             dst = cur.dst[hdr.offset:hdr.offset + hdr.length]
-            self.peer.env.protect(dst)
+            self.env.protect(dst)
             dst[:] = payload
         self._applied(hdr, cur, payload)
 
-    def resume_parked(self) -> None:
+    def resume_parked(self) -> Iterator[Link]:
         """Frames that could not be placed may fit now: apply the stash,
-        then bind the parked links' frames (reading goes on through poll,
-        or at once for what their buffers hold)."""
+        then bind the parked links' frames, one at a time: each link bound
+        is yielded for the caller to read on at once (what its buffer holds;
+        the rest comes through poll), before the next one is bound."""
         self.apply_stash()
-        for link in list(self.peer.links):
+        for link in list(self.links):
             if link is not None and link.parked and link.hdr is not None:
                 if self._sealed_room(link) if link.mac is not None else self.bind(link):
-                    self.peer.read_now(link)
+                    yield link
 
 
-def _mismatch_text(rank: int, peer: int, m: InMessage, hdr: Header) -> str:
+def _mismatch_text(rank: int, other: int, m: InMessage, hdr: Header) -> str:
     if m.msg != hdr.msg:
-        return (f"rank {peer} is at collective #{hdr.msg} while rank {rank} is at #{m.msg}: "
+        return (f"rank {other} is at collective #{hdr.msg} while rank {rank} is at #{m.msg}: "
                 f"the ranks called a different number or sequence of collectives")
     if m.sig != hdr.sig:
-        return (f"collective #{m.msg} differs between rank {rank} and rank {peer} "
+        return (f"collective #{m.msg} differs between rank {rank} and rank {other} "
                 f"(operation, dtype, reduce op, root or shape: signature {m.sig:#010x} vs {hdr.sig:#010x})")
-    return f"collective #{m.msg}: rank {peer} sends {hdr.arg} bytes where rank {rank} expects {m.nbytes}"
+    return f"collective #{m.msg}: rank {other} sends {hdr.arg} bytes where rank {rank} expects {m.nbytes}"

@@ -43,7 +43,8 @@ Those heartbeats carry the pair's cumulative ack: a source whose peer's
 ack has not moved for ``RELAY_RTO`` while frames of its wait for it (and
 none is left in its own sockets), and that heard from the peer meanwhile,
 sends them all again, so a frame lost at C is found even when the
-RELAY_RESET that should have said so was lost too.
+RELAY_RESET that should have said so was lost too. (Those timers are the
+pair's escape policy: ``protocol/paths.PeerPaths.relay_tick``.)
 """
 
 from __future__ import annotations
@@ -55,11 +56,6 @@ from ..protocol.frames import FLAG_PASSED, HEADER_SIZE, RELAY, RELAY_RESET, RELA
 from ..protocol.linkstate import State
 from .link import Link, WireItem
 
-#: a relayed pair whose peer acknowledged nothing new for this long, while frames of ours wait for
-#: acknowledgement and none is left in our sockets, sends them all again (the wait doubling, up to 1 s):
-#: a frame lost at the relay (a link of it that failed, a notice of that which was lost too) is
-#: found from the peer's cumulative ack, level state that every relayed heartbeat repeats
-RELAY_RTO = 0.2
 #: seconds a rank that refused to relay to a peer is not asked again (one search for a relay, see
 #: engine.core.RELAY_RETRY: a refusal says what the rank could reach then, and faults come and go
 #: faster; with 2 s a pair that lost its path again soon after found every rank still refused)
@@ -74,7 +70,7 @@ class RelayPath:
     """Our route to ``dst`` through the peer ``via``: its links carry our
     frames for ``dst`` wrapped in RELAY frames."""
 
-    def __init__(self, via: "PeerChannel", dst: int, rail_word, window: int, now: float, pair=None) -> None:
+    def __init__(self, via: "PeerChannel", dst: int, rail_word, window: int, pair=None) -> None:
         self.via_peer = via
         self.via = via.rank
         self.dst = dst
@@ -85,15 +81,9 @@ class RelayPath:
         self.window = window
         #: bytes of ours passed to ``via`` for ``dst`` (frames and headers)
         self.bytes = 0
-        self.last_sent = now
         #: a frame of ``dst``'s came back through a relay: the path works
         self.confirmed = False
-        #: the retransmission timer (PeerChannel._relay_tick): the peer's ack as last seen, since
-        #: when it has not moved, the current timeout, and how many times everything was sent again
-        self.acked = 0
-        self.progress_at = now
-        self.rto = RELAY_RTO
-        self.resent = 0
+        # (its timers: protocol/paths.RelayClock)
 
     def links(self) -> List[Link]:
         via = self.via_peer
@@ -173,7 +163,7 @@ class RelayRouter:
             peer = self.peers.get(through)
             if peer is not None and self._can_relay(peer, dst):
                 self.routes[dst] = through
-                return RelayPath(peer, dst, self.rail_word, self.window, now, self._pair(dst))
+                return RelayPath(peer, dst, self.rail_word, self.window, self._pair(dst))
         best = None
         for rank, peer in self.peers.items():
             if not self._can_relay(peer, dst):
@@ -188,7 +178,7 @@ class RelayRouter:
             return None
         via = best[1]
         self.routes[dst] = via.rank
-        return RelayPath(via, dst, self.rail_word, self.window, now, self._pair(dst))
+        return RelayPath(via, dst, self.rail_word, self.window, self._pair(dst))
 
     def _pair(self, dst: int):
         return self.peers[dst].pairs

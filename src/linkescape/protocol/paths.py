@@ -18,7 +18,16 @@ comes out as actions, taken with ``take()``:
 - ``REPLAY``: send every unacknowledged frame again on the new path;
 - ``NO_PATH`` / ``PATH_BACK``: the pair lost its last path / has one again;
 - ``RelayEnded(route, why)``: the relay route ended (the engine frees it);
-- ``REDIAL``: a link to re-dial is due now (Recovery wakes).
+- ``REDIAL``: a link to re-dial is due now (Recovery wakes);
+- ``RELAY_BEAT``: a heartbeat through the relay (each side sends one every
+  heartbeat interval: its silence and its ack are what the other side's
+  relay timers judge);
+- ``Resend(waited, frames)``: the peer's ack stood still through the relay
+  while it spoke: everything unacknowledged goes again (``REPLAY`` follows).
+
+The relay's timers are decided here too (``relay_tick``): its heartbeats,
+its silence (``RELAY_SILENT``: the route is lost) and the resending of
+frames lost at the relay (``RELAY_RTO``, doubling to ``RELAY_SILENT``).
 
 No sockets, no threads, no clock reads: time is passed in. It imports nothing
 from ``engine/`` or ``transport/``. The relay route is the shell's object; this
@@ -74,10 +83,40 @@ class _Signal(NamedTuple):
     name: str
 
 
+class Resend(NamedTuple):
+    waited: float
+    frames: int
+
+
 REPLAY = _Signal("replay")
 NO_PATH = _Signal("no_path")
 PATH_BACK = _Signal("path_back")
 REDIAL = _Signal("redial")
+RELAY_BEAT = _Signal("relay_beat")
+
+#: a relayed peer we heard nothing from (its relayed heartbeats) for this long: the relay is broken
+RELAY_SILENT = 1.0
+#: a relayed pair whose peer acknowledged nothing new for this long, while frames of ours wait for
+#: acknowledgement and none is left in our sockets, sends them all again (the wait doubling, up to
+#: RELAY_SILENT): a frame lost at the relay (a link of it that failed, a notice of that which was
+#: lost too) is found from the peer's cumulative ack, level state that every relayed heartbeat repeats
+RELAY_RTO = 0.2
+
+
+class RelayClock:
+    """The relay route's timers (one per route started): when the peer was last heard through
+    it, when we last beat through it, and the resend timer (the peer's ack as last seen, since
+    when it has not moved, the current timeout, how many times everything was sent again)."""
+
+    __slots__ = ("heard", "beat_at", "acked", "progress_at", "rto", "resent")
+
+    def __init__(self, now: float) -> None:
+        self.heard = now
+        self.beat_at = now
+        self.acked = 0
+        self.progress_at = now
+        self.rto = RELAY_RTO
+        self.resent = 0
 
 
 class PeerPaths:
@@ -96,6 +135,8 @@ class PeerPaths:
         self.active: List[int] = []
         #: the relay route while no rail is left (the shell's object: ``via``, ``confirmed``)
         self.relay: Any = None
+        #: the timers of the relay route (of the last one started)
+        self.relay_clock = RelayClock(0.0)
         self.no_path_since: Optional[float] = None
         #: when every link ended with FIN/RST (a dead process, or a peer re-dialing)
         self.eof_since: Optional[float] = None
@@ -302,10 +343,50 @@ class PeerPaths:
 
     # ------------------------------------------------------------ the relay
     def relay_started(self, route: Any, now: float) -> None:
-        """No rail is left: our frames go through ``route`` (a third rank) from now on."""
+        """No rail is left: our frames go through ``route`` (a third rank) from now on (the shell
+        beats through it at once, after the replay: the peer confirms the route by answering)."""
         self.relay = route
+        self.relay_clock = RelayClock(now)
         self.active = []
         self._out.append(REPLAY)
+
+    def relay_heard(self, now: float) -> None:
+        """A frame of the peer's came through a relay: the route works (``relay_on`` the first time)."""
+        self.relay_clock.heard = now
+        if self.relay is not None and not self.relay.confirmed:
+            self.relay_confirmed()
+
+    def relay_tick(self, now: float, heartbeat: float, acked: int, unacked: int, writing: bool,
+                   due: float) -> float:
+        """The relay's timers (while ``relay`` is set): the route lost after ``RELAY_SILENT``
+        without a word of the peer's; a heartbeat through it every ``heartbeat`` seconds; everything
+        unacknowledged sent again (``Resend``, ``REPLAY``) when the peer's ``acked`` stood still
+        for the resend timeout while ``unacked`` frames of ours wait, none is being ``writing``
+        into our sockets, and the peer spoke meanwhile (a peer that says nothing is starved or
+        gone: sending again would only load the relay). Returns when they are next due (``due``
+        if nothing is sooner)."""
+        route, clock = self.relay, self.relay_clock
+        if now - clock.heard > RELAY_SILENT:
+            self.relay_lost(route.via, "timeout", now)
+            return due
+        if now - clock.beat_at >= heartbeat:
+            self._out.append(RELAY_BEAT)
+            clock.beat_at = now
+        due = min(due, clock.beat_at + heartbeat, clock.heard + RELAY_SILENT)
+        if not unacked or acked != clock.acked or writing:
+            clock.acked = acked
+            clock.progress_at = now
+            clock.rto = RELAY_RTO
+        elif now + 1e-9 >= clock.progress_at + clock.rto and clock.heard > clock.progress_at:
+            # (a timer due then may wake a float hair early)
+            self._out.append(Resend(now - clock.progress_at, unacked))
+            self._out.append(REPLAY)
+            clock.progress_at = now
+            clock.rto = min(2 * clock.rto, RELAY_SILENT)
+            clock.resent += 1
+        if unacked:
+            due = min(due, clock.progress_at + clock.rto)
+        return due
 
     def relay_confirmed(self) -> None:
         """A frame of the peer's came back through a relay: the route works."""
@@ -407,5 +488,6 @@ class PeerPaths:
         return True
 
 
-__all__ = ["PeerPaths", "Emit", "Fail", "Control", "RelayEnded", "REPLAY", "NO_PATH", "PATH_BACK", "REDIAL",
-           "CAUSE", "STALE_RAIL_BITS", "AVOID_MASK", "LOAD_SHIFT"]
+__all__ = ["PeerPaths", "Emit", "Fail", "Control", "RelayEnded", "Resend", "REPLAY", "NO_PATH", "PATH_BACK",
+           "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "CAUSE", "STALE_RAIL_BITS",
+           "AVOID_MASK", "LOAD_SHIFT"]

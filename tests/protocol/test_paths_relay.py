@@ -1,0 +1,102 @@
+"""protocol/paths.PeerPaths: the relay's timers, sans I/O (time passed in). Its heartbeats, its
+silence (the route is lost after RELAY_SILENT without a word of the peer's) and the resending of
+frames lost at the relay (RELAY_RTO, doubling to RELAY_SILENT, only while the peer speaks)."""
+
+from __future__ import annotations
+
+from linkescape.protocol import paths as P
+from linkescape.protocol.linkstate import Ev, PathPolicy
+
+HB = 0.1
+
+
+class Route:
+    def __init__(self, via: int) -> None:
+        self.via = via
+        self.confirmed = False
+        self.bytes = 0
+
+
+def relayed(now: float = 0.0) -> P.PeerPaths:
+    """A pair (rank 0 to rank 1, one rail) whose rail failed: relayed through rank 2 from ``now``."""
+    paths = P.PeerPaths(0, 1, 1, PathPolicy(primary=0, holddown=1.0))
+    paths.opened(0, 1, now, reopened=False)
+    paths.failed(0, Ev.CARRIER_DOWN, now)
+    paths.relay_started(Route(2), now)
+    paths.take()
+    return paths
+
+
+def test_the_first_frame_of_the_peer_through_the_relay_confirms_it_once():
+    paths = relayed()
+    paths.relay_heard(0.05)
+    assert paths.relay.confirmed and paths.no_path_since is None
+    assert [type(a) for a in paths.take()] == [P.Emit, type(P.PATH_BACK)]
+    paths.relay_heard(0.06)
+    assert paths.take() == []  # (relay_on once)
+
+
+def test_the_relay_beats_every_heartbeat_interval_and_says_when_next():
+    paths = relayed()
+    due = paths.relay_tick(0.05, HB, 0, 0, False, 9.0)
+    assert P.RELAY_BEAT not in paths.take() and due == HB
+    due = paths.relay_tick(HB, HB, 0, 0, False, 9.0)
+    assert paths.take() == [P.RELAY_BEAT] and due == 2 * HB
+
+
+def test_a_relay_that_carried_nothing_of_the_peers_for_relay_silent_is_lost():
+    paths = relayed()
+    route = paths.relay
+    paths.relay_heard(0.5)
+    paths.take()
+    paths.relay_tick(0.5 + P.RELAY_SILENT, HB, 0, 0, False, 9.0)
+    assert paths.relay is route  # (not past it yet)
+    paths.take()
+    paths.relay_tick(0.5 + P.RELAY_SILENT + 0.001, HB, 0, 0, False, 9.0)
+    acts = paths.take()
+    assert paths.relay is None and P.RelayEnded(route, "timeout") in acts and P.REPLAY in acts
+    assert ("relay_off", "timeout") in [(a.event, a.cause) for a in acts if isinstance(a, P.Emit)]
+
+
+def _resends(paths, until: float, acked: int = 0, unacked: int = 3, heard: bool = True):
+    """Tick every 10 ms to ``until``, the peer speaking (``heard``) with its ack at ``acked``."""
+    at = []
+    t = 0.0
+    while t < until - 1e-9:
+        t = round(t + 0.01, 6)
+        if heard:
+            paths.relay_heard(t)
+        paths.relay_tick(t, HB, acked, unacked, False, 9.0)
+        acts = paths.take()
+        if any(isinstance(a, P.Resend) for a in acts):
+            assert P.REPLAY in acts
+            at.append(t)
+    return at
+
+
+def test_frames_lost_at_the_relay_go_again_when_the_peers_ack_stands_still_the_wait_doubling():
+    paths = relayed()
+    assert _resends(paths, 1.5) == [0.2, 0.6, 1.4]  # waits of 0.2, then 0.4, then 0.8 s
+    assert paths.relay_clock.resent == 3 and paths.relay_clock.rto == P.RELAY_SILENT
+
+
+def test_no_frame_goes_again_to_a_peer_that_says_nothing_or_while_ours_are_still_being_written():
+    paths = relayed()
+    assert _resends(paths, 0.9, heard=False) == []  # starved or gone: the relay's silence judges
+    paths = relayed()
+    for i in range(1, 100):
+        paths.relay_heard(i * 0.01)
+        paths.relay_tick(i * 0.01, HB, 0, 3, True, 9.0)  # our sockets still hold frames: no verdict
+        assert not any(isinstance(a, P.Resend) for a in paths.take())
+
+
+def test_an_ack_that_moves_restarts_the_wait_and_nothing_unacked_stops_it():
+    paths = relayed()
+    t = 0.0
+    for i in range(1, 60):
+        t = i * 0.01
+        paths.relay_heard(t)
+        paths.relay_tick(t, HB, i, 3, False, 9.0)  # the ack moves every tick
+        assert not any(isinstance(a, P.Resend) for a in paths.take())
+    due = paths.relay_tick(t + 0.01, HB, 59, 0, False, 9.0)
+    assert due <= t + 0.01 + HB and paths.relay_clock.rto == P.RELAY_RTO
