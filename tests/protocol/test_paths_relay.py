@@ -1,6 +1,7 @@
-"""protocol/paths.PeerPaths: the relay's timers, sans I/O (time passed in). Its heartbeats, its
-silence (the route is lost after RELAY_SILENT without a word of the peer's) and the resending of
-frames lost at the relay (RELAY_RTO, doubling to RELAY_SILENT, only while the peer speaks)."""
+"""protocol/paths.PeerPaths: the timers it decides, sans I/O (time passed in). The relay's
+heartbeats, its silence (the route is lost after RELAY_SILENT without a word of the peer's) and
+the resending of frames lost at the relay (RELAY_RTO, doubling to RELAY_SILENT, only while the
+peer speaks); how often a link beats (a held rail's evidence)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,14 @@ def test_an_ack_that_moves_restarts_the_wait_and_nothing_unacked_stops_it():
         assert not any(isinstance(a, P.Resend) for a in paths.take())
     due = paths.relay_tick(t + 0.01, HB, 59, 0, False, 9.0)
     assert due <= t + 0.01 + HB and paths.relay_clock.rto == P.RELAY_RTO
+
+
+def test_a_held_rail_beats_four_times_an_interval_an_engaged_one_once_an_idle_one_not():
+    paths = P.PeerPaths(0, 1, 2, PathPolicy(primary=0, holddown=1.0))
+    for rail in (0, 1):
+        paths.opened(rail, 1, 0.0, reopened=False)
+    paths.failed(1, Ev.TIMEOUT, 0.1)  # silent: held out until clean
+    paths.opened(1, 2, 0.2, reopened=True)
+    assert paths.avoid == 0b10
+    assert paths.beat_every(1, False, HB) == HB / P.HELD_BEATS
+    assert paths.beat_every(0, True, HB) == HB and paths.beat_every(0, False, HB) is None

@@ -20,8 +20,6 @@ from .link import Link
 
 log = logging.getLogger("linkescape.engine")
 
-#: a held rail's link beats this many times a heartbeat interval: the hold's evidence (protocol/grey.Hold)
-HELD_BEATS = 4
 # (bits of a HEARTBEAT's arg: protocol/paths.py, AVOID_MASK and LOAD_SHIFT)
 
 
@@ -102,9 +100,8 @@ class PeerTimers:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            held = self.avoid >> link.rail & 1
-            beats = engaged or held
-            iv = hb / HELD_BEATS if held else hb  # (a held rail's evidence: see Hold)
+            iv = self.paths.beat_every(link.rail, engaged, hb)
+            beats = iv is not None
             if beats and now - link.last_sent >= iv and not link.out:
                 self._beat(link)
             elif link.pending_since is not None and now - link.last_sent >= hb - 1e-6 and not link.out:

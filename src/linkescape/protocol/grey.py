@@ -204,7 +204,7 @@ class Hold:
     its packets looks clean is (1 - p) ** min_segments. With the 20
     heartbeats a second of an ordinary link that was 1.5 % at the 18.8 % loss
     of a chaos soak that failed back onto a lossy rail (2026-12-03); held links
-    beat four times as often (``HELD_BEATS``), and 60 segments make it 4e-6
+    beat four times as often (``paths.HELD_BEATS``), and 60 segments make it 4e-6
     at 18.8 %, 2e-3 at 10 % (less loss than that hardly slows a TCP flow;
     what still trips the detector fails again and holds twice as long)."""
 

@@ -48,6 +48,8 @@ from .railstate import PeerRails
 
 CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKET_ERROR, Ev.TIMEOUT,
                                  Ev.PROTOCOL_ERROR, Ev.DEGRADED)}
+#: a held rail's link beats this many times a heartbeat interval: the hold's evidence (grey.Hold)
+HELD_BEATS = 4
 #: a NOTIFY_STALE's arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
 STALE_RAIL_BITS = 8
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
@@ -191,6 +193,15 @@ class PeerPaths:
     def other_clean_rail(self, rail: int) -> bool:
         held = self.held()
         return any(st.rail != rail and st.state is State.UP and not held >> st.rail & 1 for st in self.status)
+
+    def beat_every(self, rail: int, engaged: bool, heartbeat: float) -> Optional[float]:
+        """How often the link on ``rail`` beats: a rail we hold out ``HELD_BEATS`` times a
+        heartbeat interval (its cleanliness is judged from them: ``grey.Hold``), any other every
+        interval while the pair is ``engaged`` (an operation's traffic pending, or watched
+        closely); None: it does not beat (an idle link is looked at by the probe budget only)."""
+        if self.avoid >> rail & 1:
+            return heartbeat / HELD_BEATS
+        return heartbeat if engaged else None
 
     def beat_arg(self, relaying: int) -> int:
         return (self.avoid & AVOID_MASK) | (min(relaying, 0xFFFF) << LOAD_SHIFT)
@@ -489,5 +500,5 @@ class PeerPaths:
 
 
 __all__ = ["PeerPaths", "Emit", "Fail", "Control", "RelayEnded", "Resend", "REPLAY", "NO_PATH", "PATH_BACK",
-           "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "CAUSE", "STALE_RAIL_BITS",
+           "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "HELD_BEATS", "CAUSE", "STALE_RAIL_BITS",
            "AVOID_MASK", "LOAD_SHIFT"]
