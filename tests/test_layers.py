@@ -19,11 +19,11 @@ FLOORS = [
     {"protocol"},
     {"transport", "health"},
     {"engine"},
-    {"algorithms", "flight", "metrics", "metrics_server"},  # what the communicator uses
-    {"communicator", "rendezvous"},
+    {"algorithms", "observe"},  # what the communicator uses (observe: the flight recorder, metrics)
+    {"comm"},  # the communicator and its start-up (rendezvous)
 ]
-# (jsonl and extras import nothing of linkescape)
-SHARED = {"errors", "config", "events", "log", "store", "auth", "ops", "jsonl", "extras", "private"}
+# common: errors, config, events, log, store, auth, ops, jsonl, extras, private, testing
+SHARED = {"common"}
 
 
 def _floor(top: str) -> int:
@@ -115,8 +115,8 @@ def test_no_module_reaches_a_thousand_lines():
 
 
 #: the library: what a training job imports (docs/architecture.md, "The library and its tools")
-LIBRARY = set().union(*FLOORS) | SHARED | {"torch", "__init__", "testing", "torchft.__init__",
-                                            "torchft.process_group", "torchft.reuse"}
+LIBRARY = set().union(*FLOORS) | SHARED | {"torch", "__init__", "torchft.__init__", "torchft.process_group",
+                                            "torchft.reuse"}
 #: the tools around it, which the library never imports
 TOOLS = {"cli", "testbed", "faults", "chaos", "bench", "demo", "tools", "torchft.analysis",
          "torchft.configure_time", "torchft.demo", "torchft.run", "torchft.train"}
@@ -154,3 +154,29 @@ def test_the_folders_are_the_library_and_its_tools():
 
     assert [pathlib.Path(p).resolve() for p in linkescape.__path__] == [SRC, TOOLS_HALF]
     assert pathlib.Path(linkescape.torchft.__path__[-1]).resolve() == TOOLS_HALF / "torchft"
+
+
+def test_the_librarys_top_holds_folders_only_and_every_old_name_still_imports():
+    """Issue 49: no loose module beside the folders (but the package's ``__init__``); the names
+    the loose modules had (``linkescape.config``, ``linkescape.errors``...) are a contract: each
+    imports, as the very module in its folder, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    import linkescape
+
+    loose = sorted(p.name for p in SRC.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], loose
+    for old, folder in linkescape.MOVED.items():
+        assert (SRC / folder / f"{old}.py").is_file(), (old, folder)
+    code = ("import importlib, sys, linkescape\n"
+            "for old, folder in linkescape.MOVED.items():\n"
+            "    a = importlib.import_module('linkescape.' + old)\n"
+            "    b = importlib.import_module('linkescape.' + folder + '.' + old)\n"
+            "    assert a is b and a.__spec__.name == b.__name__ == 'linkescape.' + folder + '.' + old, old\n"
+            "from linkescape.config import Config\n"
+            "from linkescape.errors import PeerLost\n"
+            "assert Config is linkescape.Config and PeerLost is linkescape.PeerLost\n"
+            "print(len(linkescape.MOVED))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "16", (out.stdout, out.stderr)

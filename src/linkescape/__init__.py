@@ -7,6 +7,7 @@ tools' half joins the package's path here; an installed wheel holds both in one 
 """
 
 import os as _os
+import sys as _sys
 
 
 def _tools_half(*package: str) -> list:
@@ -19,13 +20,52 @@ def _tools_half(*package: str) -> list:
 
 __path__ += [p for p in _tools_half() if p not in __path__]
 
-from .communicator import Communicator, Work
-from .config import Config
-from .errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, GroupShrunk, HandshakeError,
-                     InvalidBuffer, InvalidRank, LinkEscapeError, LinkFailure, PeerLost, ProtocolError, RankExcluded,
-                     RendezvousError, UnsupportedDtype, UsageError)
-from .ops import ReduceOp
-from .store import FileStore
+#: the modules that sat at the package's top until they went into folders (``common``: what
+#: every floor shares; ``observe``: the flight recorder and metrics; ``comm``: the communicator
+#: and its start-up): their old names are a contract (``linkescape.config``,
+#: ``linkescape.errors``...), so each still imports, as the very same module object
+MOVED = {name: "common" for name in ("auth", "config", "errors", "events", "extras", "jsonl", "log", "ops",
+                                      "private", "store", "testing")}
+MOVED.update({name: "observe" for name in ("flight", "metrics", "metrics_server")})
+MOVED.update({name: "comm" for name in ("communicator", "rendezvous")})
+
+
+class _OldName:
+    """A finder and loader for ``linkescape.<old name>``: the module in its folder, imported
+    once, under both names (its ``__spec__`` stays the folder's). Only the names in ``MOVED``."""
+
+    def __init__(self) -> None:
+        self._specs: dict = {}
+
+    def find_spec(self, name, path=None, target=None):
+        head, _, tail = name.partition(".")
+        if head != __name__ or tail not in MOVED:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        import importlib
+
+        old = spec.name.partition(".")[2]
+        module = importlib.import_module(f"{__name__}.{MOVED[old]}.{old}")
+        self._specs[spec.name] = module.__spec__  # (the import system writes the alias's spec over it next)
+        return module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self._specs.pop(module.__spec__.name)
+
+
+_sys.meta_path.append(_OldName())
+
+from .comm.communicator import Communicator, Work
+from .common.config import Config
+from .common.errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, GroupShrunk,
+                            HandshakeError, InvalidBuffer, InvalidRank, LinkEscapeError, LinkFailure, PeerLost,
+                            ProtocolError, RankExcluded, RendezvousError, UnsupportedDtype, UsageError)
+from .common.ops import ReduceOp
+from .common.store import FileStore
 
 __version__ = "0.1.0"
 

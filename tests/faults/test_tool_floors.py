@@ -27,9 +27,9 @@ def _file(rel: str) -> pathlib.Path:
     """The module at ``rel`` (``"demo/faultplan.py"``) in whichever half holds it."""
     return next(h / rel for h in HALVES if (h / rel).exists())
 #: lowest first; a package may import its own floor and those below
-FLOORS = [{"jsonl", "extras"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
-#: the shared parts of the tools: single modules of the bottom floor
-SHARED_PARTS = ("jsonl", "extras")
+FLOORS = [{"common"}, {"testbed"}, {"faults"}, {"bench", "chaos", "demo"}]
+#: the shared parts of the tools: single modules of the library's common folder (the bottom floor)
+SHARED_PARTS = ("common/jsonl", "common/extras")
 
 
 def _floor(pkg: str):

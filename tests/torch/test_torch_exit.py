@@ -104,10 +104,10 @@ def test_autoload_brings_the_process_group_so_init_imports_nothing():
     """The first init_process_group imported the process group's modules: a third of its CPU, and
     at 32 ranks on 2 cores what init waits for. ``import torch`` brings them now."""
     code = ("import sys, torch; print(sorted(m for m in ('linkescape.torch.process_group', "
-            "'linkescape.torch.collectives', 'linkescape.communicator') if m in sys.modules))")
+            "'linkescape.torch.collectives', 'linkescape.comm.communicator') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(["linkescape.communicator", "linkescape.torch.collectives",
+    assert out.stdout.strip() == str(["linkescape.comm.communicator", "linkescape.torch.collectives",
                                       "linkescape.torch.process_group"]), (out.stdout, out.stderr)
 
 

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..engine.messages import InMessage, Op, OutMessage
-from ..errors import InvalidBuffer
+from ..common.errors import InvalidBuffer
 
 #: the largest message between two ranks (its size travels in a 32-bit field)
 MAX_MESSAGE = (1 << 32) - 1

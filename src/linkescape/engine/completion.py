@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Dict, List, Optional
 
-from ..errors import CommTimeout
+from ..common.errors import CommTimeout
 from .messages import ANY_SOURCE, InMessage, Op, discard
 
 log = logging.getLogger("linkescape.engine")

@@ -26,8 +26,8 @@ import select
 import socket
 from typing import Callable, Dict, List, Optional
 
-from ..config import Config
-from ..errors import CommClosed, LinkEscapeError, PeerLost, ProtocolError
+from ..common.config import Config
+from ..common.errors import CommClosed, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import address_range
 from ..protocol.frames import BYE, NOTIFY_DOWN, NOTIFY_UP, PEER_LOST, RELAY_RESET, RELAY_UNREACH
 from ..protocol.grey import RailRate

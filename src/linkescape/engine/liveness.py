@@ -32,7 +32,7 @@ import logging
 import time
 from typing import Optional
 
-from ..errors import LinkFailure, PeerLost
+from ..common.errors import LinkFailure, PeerLost
 
 
 class Verdict:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable
 
-from ..errors import GroupShrunk, PeerLost, RankExcluded, UsageError
+from ..common.errors import GroupShrunk, PeerLost, RankExcluded, UsageError
 from ..protocol.frames import BYE
 from .probes import ProbeBudget
 

@@ -23,7 +23,7 @@ import errno
 import logging
 from typing import List, Optional
 
-from ..errors import FrameAuthError, LinkEscapeError, PeerLost, ProtocolError
+from ..common.errors import FrameAuthError, LinkEscapeError, PeerLost, ProtocolError
 from ..protocol.channel import RecvChannel, SendChannel
 from ..protocol import paths as P
 from ..protocol.frames import (BYE, HEARTBEAT, NOTIFY_DOWN, NOTIFY_SILENT, NOTIFY_STALE, NOTIFY_UP, PEER_LOST,

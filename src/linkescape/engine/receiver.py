@@ -43,7 +43,7 @@ import collections
 import heapq
 from typing import Deque, Dict, Iterator, List, NamedTuple, Optional
 
-from ..errors import CollectiveMismatch, FrameAuthError, ProtocolError
+from ..common.errors import CollectiveMismatch, FrameAuthError, ProtocolError
 from ..protocol.channel import AHEAD, DUPLICATE
 from ..protocol.framemac import TAG_SIZE
 from ..protocol.frames import DATA, FLAG_ACK_NOW, FLAG_PASSED, HEADER_SIZE, P2P_FLAG, RELAY, Header, unpack_header

@@ -29,8 +29,8 @@ import socket
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..config import Config
-from ..errors import HandshakeError
+from ..common.config import Config
+from ..common.errors import HandshakeError
 from ..protocol.linkstate import Ev
 from ..transport import tcp
 from .link import Link

@@ -22,7 +22,7 @@ from typing import Deque
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..common.errors import ProtocolError
 
 
 class OutFrame:

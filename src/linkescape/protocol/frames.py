@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import struct
 
-from ..errors import ProtocolError
+from ..common.errors import ProtocolError
 
 HEADER = struct.Struct("<BBHIQQQQII")
 HEADER_SIZE = HEADER.size  # 48

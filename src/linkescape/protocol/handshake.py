@@ -56,7 +56,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from ..errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
+from ..common.errors import AuthError, HandshakeError, RailMismatch, UnverifiedReject
 
 MAGIC = 0x4C4E4B45  # "LNKE"
 #: 5: relayed frames carry a counter (their trailer: 32 bytes); 4: frame keys per

@@ -35,7 +35,7 @@ import hmac
 import struct
 from typing import Dict, Optional
 
-from ..errors import ProtocolError
+from ..common.errors import ProtocolError
 from . import x25519
 from .frames import RELAY_TRAILER
 from .handshake import hkdf

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 _REDUCE_OPS = (dist.ReduceOp, dist.ReduceOp.RedOpType)
 

@@ -22,8 +22,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..errors import UsageError
-from ..ops import ReduceOp, finish_avg
+from ..common.errors import UsageError
+from ..common.ops import ReduceOp, finish_avg
 from . import convert
 from .plan import Plan
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import UnsupportedDtype, UsageError
-from ..ops import ReduceOp, bfloat16
+from ..common.errors import UnsupportedDtype, UsageError
+from ..common.ops import ReduceOp, bfloat16
 
 _RED = dist.ReduceOp.RedOpType
 _REDUCE_OPS = {

@@ -14,7 +14,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from . import convert
 from .plan import Plan
 

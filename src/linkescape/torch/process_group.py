@@ -25,9 +25,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..communicator import Communicator
-from ..config import Config
-from ..errors import CommClosed, LinkEscapeError, LinkFailure, PeerLost, UsageError
+from ..comm.communicator import Communicator
+from ..common.config import Config
+from ..common.errors import CommClosed, LinkEscapeError, LinkFailure, PeerLost, UsageError
 from . import args, collectives, convert, exchange, sparse
 from .convert import reduce_op
 from .plan import Plan

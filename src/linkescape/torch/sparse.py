@@ -19,8 +19,8 @@ from typing import List
 import numpy as np
 import torch
 
-from ..errors import CollectiveMismatch, UsageError
-from ..ops import ReduceOp
+from ..common.errors import CollectiveMismatch, UsageError
+from ..common.ops import ReduceOp
 from . import convert
 from .plan import Plan
 

@@ -30,7 +30,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import CommTimeout
+from ..common.errors import CommTimeout
 
 log = logging.getLogger("linkescape.torch")
 

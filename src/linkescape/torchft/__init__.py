@@ -15,7 +15,7 @@ Only this package imports torchft; ``import linkescape`` does not.
 from __future__ import annotations
 
 from .. import _tools_half
-from ..extras import require
+from ..common.extras import require
 
 # torchft's demos and measurements (demo, run, train, analysis, configure_time) are tools:
 # tools/linkescape/torchft in a source checkout

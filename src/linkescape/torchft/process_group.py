@@ -46,8 +46,8 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore, Work
 from torchft.process_group import ProcessGroupWrapper
 
-from ..config import Config
-from ..errors import CommClosed, CommTimeout, LinkEscapeError, PeerLost, RendezvousError
+from ..common.config import Config
+from ..common.errors import CommClosed, CommTimeout, LinkEscapeError, PeerLost, RendezvousError
 from ..torch.convert import seconds
 from ..torch.process_group import ProcessGroupLinkEscape, make_config
 from ..torch.work import LinkEscapeBackendError

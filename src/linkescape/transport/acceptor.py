@@ -40,8 +40,8 @@ import socket
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..config import Config
-from ..errors import AuthError, HandshakeError, NotYet, RailMismatch
+from ..common.config import Config
+from ..common.errors import AuthError, HandshakeError, NotYet, RailMismatch
 from ..protocol.handshake import AcceptorHandshake, Hello, LinkAuth, Proved
 from . import tcp
 

@@ -22,8 +22,8 @@ try:  # (at import: an import inside start-up waits for the disk on a loaded hos
 except ImportError:  # pragma: no cover - not on Linux
     resource = None  # type: ignore[assignment]
 
-from ..config import Config
-from ..errors import AuthError, ConfigError, HandshakeError
+from ..common.config import Config
+from ..common.errors import AuthError, ConfigError, HandshakeError
 from ..protocol.handshake import DialerHandshake, Established
 
 log = logging.getLogger("linkescape.transport")

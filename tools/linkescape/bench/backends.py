@@ -60,7 +60,7 @@ class LinkescapeBackend(Backend):
 
     @staticmethod
     def _redop(name: str):
-        from ..ops import ReduceOp
+        from ..common.ops import ReduceOp
 
         return ReduceOp(name)
 

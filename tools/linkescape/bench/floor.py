@@ -102,7 +102,7 @@ class FloorBackend(Backend):
     name = "floor"
 
     def __init__(self, store, rank: int, world_size: int, host: str, timeout: float) -> None:
-        from ..config import Config
+        from ..common.config import Config
 
         config = Config.from_env()
         self.small_bytes, self.tree_ranks, self.radix = config.small_bytes, config.tree_ranks, config.tree_radix

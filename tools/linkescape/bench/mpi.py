@@ -34,7 +34,7 @@ import time
 import types
 from typing import Callable, Dict, List, Optional
 
-from .. import jsonl
+from ..common import jsonl
 from .mpi_rank import EVENT_PREFIX
 from .runner import WATCHDOG_GRACE, BenchError, LocalLauncher, _exit_text, make_record
 from .spec import BenchSpec

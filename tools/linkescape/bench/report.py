@@ -19,7 +19,7 @@ import sys
 from collections import OrderedDict, defaultdict
 from typing import Callable, Dict, Iterable, List, Optional, TextIO
 
-from .. import jsonl
+from ..common import jsonl
 from .spec import OPS, BenchSpec, format_size, tcp_congestion_control
 
 COLS = "#       size         count      type"

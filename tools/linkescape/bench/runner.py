@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .. import jsonl
+from ..common import jsonl
 from . import usage
 from .spec import OPS, BenchSpec, busbw_factor
 
@@ -112,7 +112,7 @@ class Watchdog(threading.Thread):
 def open_store(kind: str, host: str, port: int, path: Optional[str], rank: int, world_size: int,
                timeout: float, is_master: Optional[bool] = None):
     if kind == "file":
-        from ..store import FileStore
+        from ..common.store import FileStore
 
         return FileStore(path, timeout=timeout)
     import datetime

@@ -66,7 +66,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-from .. import jsonl
+from ..common import jsonl
 from . import usage
 
 PREFIX = "@@scale "

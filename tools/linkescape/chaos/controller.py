@@ -30,8 +30,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..private import open_private_file, private_dir, redact_env, write_private
-from .. import jsonl
+from ..common.private import open_private_file, private_dir, redact_env, write_private
+from ..common import jsonl
 from ..faults import (KINDS, ISOLATE_BOUND, Schedule, ScheduleError, ScheduleRunner, TestbedInjector, concatenate,
                       random_schedule, unrelayable_stretches)
 from . import workload
@@ -189,7 +189,7 @@ def library_version() -> Dict[str, Any]:
 
 def run_chaos(opts: ChaosOptions, say: Say = print) -> Dict[str, Any]:
     """Run the soak; returns the report dict (``report["exit_code"]`` is 0 only when everything held)."""
-    from ..config import Config
+    from ..common.config import Config
     from ..testbed.netns import require_nft, require_root
     from .report import build_report, collect, write_plots
 

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .. import jsonl
+from ..common import jsonl
 from ..faults import Schedule
 from . import analysis, workload
 
@@ -112,7 +112,7 @@ def load_run(rdir: str) -> Tuple[Dict[str, Any], Schedule]:
 
 def build_report(data: Mapping[str, Any], schedule: Schedule) -> Dict[str, Any]:
     """The report of a run (see :data:`DEFINITIONS`); ``report["exit_code"]`` is 0 only when all held."""
-    from ..events import expand_path
+    from ..common.events import expand_path
     from ..testbed.netns import rate_bps as parse_rate
 
     rate_bps = parse_rate(data["rate"]) if data.get("rate") else 10e9  # unshaped veth: about 10 Gbit/s here

@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .. import jsonl
+from ..common import jsonl
 
 #: parts shorter than this are not judged for flatness (the trend is reported)
 JUDGE_MIN_S = 600.0
@@ -292,7 +292,7 @@ def plot(paths: Sequence[str], samples: Sequence[Mapping[str, Any]], tr: Mapping
          title: str) -> List[str]:
     """RSS (top), fds and threads of every rank over the run, part boundaries marked, the fitted lines
     dashed; written to every path in ``paths``. Needs matplotlib (``linkescape[plot]``)."""
-    from .. import extras
+    from ..common import extras
 
     matplotlib = extras.module("matplotlib", "plot", "the chaos report's RSS picture")
     matplotlib.use("Agg")

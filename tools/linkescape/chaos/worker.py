@@ -38,8 +38,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .. import jsonl
-from ..jsonl import say
+from ..common import jsonl
+from ..common.jsonl import say
 from . import workload
 
 STOP_EVERY = 4

@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 
 import click
 
-from .. import extras
+from ..common import extras
 from .controller import DemoError, DemoOptions, TestbedUnavailable, testbed_unavailable
 from .faultplan import CROSS_HOLD, KINDS as FAULT_KINDS
 from .model import DEFAULT_SIZE, MODEL_SIZES
@@ -83,7 +83,7 @@ def _save_samples(run, out: str) -> None:
     """The raw NIC counter samples of the faulty run (``tx_samples.jsonl``)."""
     if run is None or not run.samples:
         return
-    from .. import jsonl
+    from ..common import jsonl
 
     with open(os.path.join(out, "tx_samples.jsonl"), "w") as f:
         for t, vals in run.samples:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..events import expand_path
+from ..common.events import expand_path
 from ..testbed.job import RankJob
 from .faultplan import CROSS_HOLD, KINDS, EmulatedInjector, Injector, PlayedFault, TestbedInjector, fault_window
 from .live import FaultRunner, LiveState, Monitor

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Dict
 
-from .. import jsonl
+from ..common import jsonl
 
 ACTIONS = ("cut", "blackhole", "restore")
 

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
 from ..faults import ScheduleRunner
-from ..jsonl import Tail
+from ..common.jsonl import Tail
 from .faultplan import CROSS_HOLD, KINDS, Injector, PlayedFault, plan_faults, schedule_of
 from .sampling import rates_from
 

@@ -14,15 +14,15 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import jsonl
-from ..private import redact_env
+from ..common import jsonl
+from ..common.private import redact_env
 from ..tools.timeline import (DETECT_EVENTS, NOT_SEEN, draw_timeline, fault_timing, format_ms, ms,  # noqa: F401
                               related, relay_intervals, relay_pairs)
 
 
 # ------------------------------------------------------------------ events
 def read_events(run_dir: str) -> List[Dict[str, Any]]:
-    from ..events import read_events as _read
+    from ..common.events import read_events as _read
 
     out: List[Dict[str, Any]] = []
     for path in sorted(glob.glob(os.path.join(run_dir, "events", "rank*.jsonl"))):
@@ -118,7 +118,7 @@ def _header(opts, info: Dict[str, Any]) -> Dict[str, Any]:
     if info["mode"] == "emulated":
         rep["note"] = EMULATED_NOTE.format(reason=info.get("emulated_reason") or "--emulate",
                                            rails=",".join(info["testbed"].get("rail_addresses", [])))
-    from ..config import Config
+    from ..common.config import Config
     from .controller import job_env
 
     # the ranks inherit this process's environment, then the job's own variables

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from ..jsonl import Tail
+from ..common.jsonl import Tail
 from ..testbed.counters import NicSampler
 
 #: seconds between two samples

@@ -38,7 +38,7 @@ import sys
 import time
 import traceback
 
-from .. import jsonl
+from ..common import jsonl
 from .model import DEFAULT_SIZE, MODEL_SIZES, SyntheticData, build_model, param_digest
 
 

@@ -44,7 +44,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 KINDS = ("cut", "blackhole", "flap", "isolate", "cross", "lossy")
 MECHANISMS = ("cut", "blackhole", "lossy")

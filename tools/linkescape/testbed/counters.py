@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import jsonl
+from ..common import jsonl
 
 Key = Tuple[int, int, str]  # host, rail, "tx" | "rx"
 Sample = Tuple[float, List[List[int]]]  # wall time, [host][rail] bytes

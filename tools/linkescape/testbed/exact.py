@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..ops import ReduceOp, bfloat16
+from ..common.ops import ReduceOp, bfloat16
 
 #: kinds whose input is one chunk per rank, shape (world, count)
 PER_RANK_INPUT = ("reduce_scatter", "all_to_all", "scatter")

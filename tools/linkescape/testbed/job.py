@@ -36,8 +36,8 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..private import open_private, open_private_file, private_dir
-from ..jsonl import Tail, parse, read as read_jsonl
+from ..common.private import open_private, open_private_file, private_dir
+from ..common.jsonl import Tail, parse, read as read_jsonl
 from .netns import Testbed
 
 #: bytes of a rank's stderr kept in memory (the tail)
@@ -203,7 +203,7 @@ class RankJob:
 
     def event_trail(self, rank: int) -> List[Dict[str, Any]]:
         """The whole event trail of ``rank``, read afresh (``linkescape.events.read_events``)."""
-        from ..events import read_events
+        from ..common.events import read_events
 
         if not self.events_tmpl:
             return []

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..errors import LinkEscapeError
+from ..common.errors import LinkEscapeError
 
 NETNS_DIR = "/run/netns"
 

@@ -18,7 +18,7 @@ import traceback
 
 import numpy as np
 
-from ..jsonl import say
+from ..common.jsonl import say
 from . import exact
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",

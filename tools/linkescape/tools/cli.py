@@ -9,7 +9,7 @@ import time
 
 import click
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 
 def _fail(exc: Exception) -> None:

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from .model import CAUSES, SimParams
 
 

@@ -39,8 +39,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Config as _Config
-from ..errors import UsageError
+from ..common.config import Config as _Config
+from ..common.errors import UsageError
 
 # ------------------------------------------------------------------ published figures
 LLAMA3_GPUS = 16384

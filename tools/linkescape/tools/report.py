@@ -17,8 +17,8 @@ import glob
 import os
 from typing import Any, Dict, List, Sequence
 
-from ..errors import UsageError
-from ..events import read_events
+from ..common.errors import UsageError
+from ..common.events import read_events
 from .timeline import draw_timeline, fault_rows, format_ms, infer_faults, relay_intervals, relay_pairs, routed_lanes
 
 

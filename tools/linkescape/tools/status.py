@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import extras
-from ..errors import UsageError
+from ..common import extras
+from ..common.errors import UsageError
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"

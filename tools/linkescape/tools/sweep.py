@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from .cost import closed_form
 from .failures import Failure
 from .model import COVERAGE, POLICIES, SimParams

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import extras
+from ..common import extras
 
 DETECT_EVENTS = ("link_down", "failover")
 #: an event more than this long after a fault is not counted as its detection

@@ -25,7 +25,7 @@ import os
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..flight import FORMAT
+from ..observe.flight import FORMAT
 
 SIG_KEYS = ("op", "dtype", "count", "reduce_op", "root")
 

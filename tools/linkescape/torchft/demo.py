@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .. import extras
+from ..common import extras
 
 #: (backend, how host 3 is lost), in the order they run
 RUNS: Tuple[Tuple[str, str], ...] = (("linkescape", "links"), ("gloo", "links"), ("linkescape", "kill"),

@@ -72,7 +72,7 @@ def lighthouse_binary() -> str:
     found = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable),
                                                                "torchft_lighthouse")
     if not os.access(found, os.X_OK):
-        from ..extras import MissingExtra
+        from ..common.extras import MissingExtra
 
         raise MissingExtra("the torchft run needs torchft's lighthouse (torchft_lighthouse), which is not "
                            "installed: pip install 'linkescape[torchft]'")

@@ -105,7 +105,7 @@ def run_failover_bench(faults: Sequence[str] = DEFAULT_FAULTS, count: int = 20, 
 
 
 def library_defaults(env: Dict[str, str]) -> Dict[str, Any]:
-    from ...config import Config
+    from ...common.config import Config
 
     merged = dict(os.environ)
     merged.update(env)

@@ -85,7 +85,7 @@ def rails_count(rails: Any, default: int = 2) -> int:
 
 
 def _size(text: str) -> int:
-    from ...config import _size as parse_size
+    from ...common.config import _size as parse_size
 
     return parse_size(str(text), "--fault-size")
 

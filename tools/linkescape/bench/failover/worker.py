@@ -26,7 +26,7 @@ from typing import List
 
 import numpy as np
 
-from ...jsonl import say
+from ...common.jsonl import say
 from ...testbed import exact
 
 

@@ -30,7 +30,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ...jsonl import say
+from ...common.jsonl import say
 from .cases import Case
 
 ROWS_KINDS = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")

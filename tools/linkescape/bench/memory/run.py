@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ... import jsonl
+from ...common import jsonl
 from ...testbed.job import RankJob
 from .cases import Case
 from .verdict import MiB, fit, judge

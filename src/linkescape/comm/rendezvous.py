@@ -31,14 +31,14 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import auth
-from .protocol import x25519
-from .config import NEIGHBOURS_FROM, Config
-from .errors import AuthError, ConfigError, HandshakeError, NotYet, RailMismatch, RendezvousError
-from .health.carrier import address_for_ifname, ifname_for_address
-from .protocol.handshake import LinkAuth
-from .transport import tcp
-from .transport.acceptor import Acceptor
+from ..common import auth
+from ..protocol import x25519
+from ..common.config import NEIGHBOURS_FROM, Config
+from ..common.errors import AuthError, ConfigError, HandshakeError, NotYet, RailMismatch, RendezvousError
+from ..health.carrier import address_for_ifname, ifname_for_address
+from ..protocol.handshake import LinkAuth
+from ..transport import tcp
+from ..transport.acceptor import Acceptor
 
 log = logging.getLogger("linkescape.rendezvous")
 

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .private import write_private
+from ..common.private import write_private
 
 log = logging.getLogger("linkescape.flight")
 

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, Callable, List, Optional, Sequence
 
 from .config import Config
-from .protocol.frames import HEADER_SIZE, unpack_header
+from ..protocol.frames import HEADER_SIZE, unpack_header
 
 
 class RanksHung(AssertionError):
@@ -33,7 +33,7 @@ def _child(conn, rank: int, n: int, store_dir: str, rails, config, fn, args, mak
     result: Any
     try:
         if make_comm:
-            from .communicator import Communicator
+            from ..comm.communicator import Communicator
             from .store import FileStore
 
             comm = Communicator(FileStore(store_dir, timeout=60), rank, n, rails=rails, config=config)
@@ -127,7 +127,7 @@ def job_keys(n: int, secret: bytes = b"k" * 32, job: bytes = b"job") -> list:
     """The X25519 keys (protocol/relaymac.RankKeys) of ranks 0..n-1 of one job, each knowing the
     others' public keys, as the store's records give them: for rigs that pass relayed frames by
     hand (``keys[src].pair(dst).seal(...)``)."""
-    from .protocol.relaymac import RankKeys
+    from ..protocol.relaymac import RankKeys
 
     keys = [RankKeys(r, secret, job) for r in range(n)]
     for a in keys:

@@ -13,27 +13,27 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from . import ops as _ops
-from .algorithms import exchange, halving, latency, ring
-from .auth import load_key
-from .algorithms.base import Schedule, check_message_size, byte_view
-from .config import Config
-from .engine.beacon import RecordKey
-from .engine.core import Engine
-from .engine.driver import Driver
-from .engine.recovery import Recovery
-from .engine.link import Link
-from .engine.membership import shrink_locked
-from .engine.messages import ANY_SOURCE, EPOCH_SHIFT, InMessage, Op, OutMessage
-from .events import EventLog
-from .flight import FlightRecorder, watch_signal
-from .log import setup_logging
-from .errors import CommClosed, CommTimeout, GroupShrunk, InvalidBuffer, InvalidRank, PeerLost, UsageError
-from .ops import ReduceOp
-from .protocol.frames import P2P_FLAG
-from .protocol.relaymac import RankKeys
+from ..common import ops as _ops
+from ..algorithms import exchange, halving, latency, ring
+from ..common.auth import load_key
+from ..algorithms.base import Schedule, check_message_size, byte_view
+from ..common.config import Config
+from ..engine.beacon import RecordKey
+from ..engine.core import Engine
+from ..engine.driver import Driver
+from ..engine.recovery import Recovery
+from ..engine.link import Link
+from ..engine.membership import shrink_locked
+from ..engine.messages import ANY_SOURCE, EPOCH_SHIFT, InMessage, Op, OutMessage
+from ..common.events import EventLog
+from ..observe.flight import FlightRecorder, watch_signal
+from ..common.log import setup_logging
+from ..common.errors import CommClosed, CommTimeout, GroupShrunk, InvalidBuffer, InvalidRank, PeerLost, UsageError
+from ..common.ops import ReduceOp
+from ..protocol.frames import P2P_FLAG
+from ..protocol.relaymac import RankKeys
 from .rendezvous import LinkSetup, exchange as store_exchange, resolve_rails, start_up_peers
-from .transport.tcp import ensure_fd_budget
+from ..transport.tcp import ensure_fd_budget
 
 log = logging.getLogger("linkescape")
 
@@ -208,10 +208,10 @@ class Communicator:
             watch_signal(self._flight)
         self._metrics = None
         if self.config.metrics_port is not None:  # prometheus_client is imported only then
-            from .extras import require
+            from ..common.extras import require
 
             require(["prometheus_client"], "metrics", "LINKESCAPE_METRICS_PORT")
-            from .metrics_server import attach
+            from ..observe.metrics_server import attach
 
             self._metrics = attach(self, self._flight)
 

@@ -1,0 +1,2 @@
+"""The communicator (the public API: validation, the schedule, ``Work``, shrink) and its start-up
+(``rendezvous``: rails, the store exchange, the links)."""
