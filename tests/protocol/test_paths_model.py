@@ -9,7 +9,10 @@ clock steps. After every step the invariants of the escape hold:
 3. a pair with a rail that works uses a rail (or knows it has none) within the detection bound
    plus a re-dial;
 4. both ends agree on the pair's rails within a bounded time after the network last changed;
-5. when every fault is repaired, the pair is back on its primary within that bound.
+5. when every fault is repaired, the pair is back on its primary within that bound;
+6. a relay carries alone and is a third rank (no loop); it never outlives ``RELAY_SILENT``
+   without a word of the peer's through it, and is never lost to that silence while the third
+   rank carries the pair's relayed heartbeats (``PeerPaths.relay_tick``).
 
 The simulated network: each rank's NIC per rail has carrier or not; a rail may be black-holed
 (packets vanish, carrier up). A rank learns its own carrier loss at once; the peer learns it from
@@ -17,7 +20,9 @@ the rail word of the next frame on a link that still works, or by silence after 
 black hole is found by silence at both ends. A link one end dropped (it closed its socket) ends at
 the other when the rail carries again (the FIN, or the RST its next frame draws). Control frames (notices, heartbeats) go over a link
 that works at both ends, and may be lost. The higher rank dials the links that are down when
-their back-off ends; a dial succeeds only over a working rail. The chaos schedules that found bugs
+their back-off ends; a dial succeeds only over a working rail. A third rank may relay (it carries
+each end's relayed heartbeats, which ``relay_tick`` asks for every ``HB``), refuse (RELAY_UNREACH:
+the route ends at once), or take frames that then vanish (the route ends by its silence). The chaos schedules that found bugs
 (``tests/chaos/schedules/``) are replayed here as seeds (``test_chaos_schedules_as_seeds``).
 """
 
@@ -41,6 +46,7 @@ HOLDDOWN = 1.0
 DETECT = 0.2  # the silent timeout
 RECONNECT_MAX = 0.5
 TICK = 0.01
+HB = 0.05  # the heartbeat interval (LINKESCAPE_HEARTBEAT_MS's default)
 HERE = os.path.join(os.path.dirname(__file__), "..", "chaos", "schedules")
 
 
@@ -69,6 +75,10 @@ class Pair:
         self.lossy_control = False
         #: a third rank reaches both ends (a relay is possible)
         self.third = False
+        #: ... but what goes through it vanishes (its link to one end black-holed, unknown to it)
+        self.third_silent = False
+        #: since when the third rank carries the relayed heartbeats (None: it does not)
+        self.third_ok_since = None
         self.gen = [0, 0]
         #: each rank's rail word the last frames carried to the other
         self.carried = [0, 0]
@@ -114,8 +124,25 @@ class Pair:
             other = self.ends[1 - me]
             if self.link_works(act.rail) and not self.lossy_control:
                 other.notice(act.kind, act.arg, self.now)
+        elif act is P.RELAY_BEAT:
+            if self.carrying():
+                self.ends[1 - me].relay_heard(self.now)
         elif isinstance(act, P.Emit):
             self.events.append((self.now, me, act.event, act.rail))
+            if act.event == "relay_off" and act.cause == "timeout":
+                ok = self.third_ok_since
+                assert ok is None or self.now - ok < HB + 2 * TICK, ("relay lost to silence while the "
+                                                                      "third rank carries", self.now, ok)
+
+    def carrying(self) -> bool:
+        return self.third and not self.third_silent
+
+    def set_third(self, reach: bool, silent: bool) -> None:
+        was = self.carrying()
+        self.third, self.third_silent = reach, silent
+        if self.carrying() != was:
+            self.third_ok_since = self.now if self.carrying() else None
+        self.changed_at = self.now
 
     def tell(self, me: int, kind: int, rail: int) -> None:
         """A notice of ``me`` about ``rail``, over another rail that works (the shell's _notify)."""
@@ -210,13 +237,17 @@ class Pair:
         self.drain()
         # no rail left: the engine tries a relay through the third rank, which confirms once a frame
         # of the peer's came back through it; a third rank that cannot reach them says so
-        for end in self.ends:
+        for me, end in enumerate(self.ends):
             if end.relay is None and end.no_path_since is not None and not end.active and self.third:
                 end.relay_started(Route(via=2), now)
+                self.act(me, P.RELAY_BEAT)  # (the shell beats through a new route at once)
             elif end.relay is not None and not self.third:
                 end.relay_lost(end.relay.via, "unreachable", now)
-            elif end.relay is not None and not end.relay.confirmed:
-                end.relay_confirmed()
+        self.drain()
+        # the relay's timers: its heartbeats, its silence (no data is modelled: nothing to resend)
+        for end in self.ends:
+            if end.relay is not None:
+                end.relay_tick(now, HB, 0, 0, False, now + 1.0)
         self.drain()
         # held rails' links beat; their TCP counters say whether they are clean
         self.segs += 10
@@ -277,7 +308,7 @@ class PairMachine(RuleBasedStateMachine):
         """Every rail of one end cut (a top-of-rack switch), a third rank able to relay or not,
         notices lost or not; then repaired."""
         p = self.pair
-        p.third = reach
+        p.set_third(reach, False)
         p.lossy_control = lossy
         for rail in range(RAILS):
             p.set_carrier(me, rail, False)
@@ -285,10 +316,11 @@ class PairMachine(RuleBasedStateMachine):
         for rail in range(RAILS):
             p.set_carrier(me, rail, True)
 
-    @rule(reach=st.booleans())
-    def third_rank(self, reach):
-        self.pair.third = reach
-        self.pair.changed_at = self.pair.now
+    @rule(reach=st.booleans(), silent=st.booleans())
+    def third_rank(self, reach, silent):
+        """A third rank that can relay or says it cannot; one that can may lose what it carries
+        without knowing (the route ends by its silence)."""
+        self.pair.set_third(reach, silent)
 
     @rule(lossy=st.booleans())
     def control_frames_lost(self, lossy):
@@ -320,10 +352,12 @@ class PairMachine(RuleBasedStateMachine):
             assert a.active == [0], (a.active, self._state())
         elif any(p.works(r) for r in range(RAILS)):
             assert a.active and all(p.works(r) for r in a.active), (a.active, self._state())
-        elif p.third:
-            assert all(e.relay is not None and e.relay.confirmed and e.no_path_since is None for e in p.ends)
+        elif p.carrying():
+            assert all(e.relay is not None and e.relay.confirmed and e.no_path_since is None for e in p.ends), \
+                ("relayed", self._state())
         else:
-            assert not a.active and a.no_path_since is not None and b.no_path_since is not None
+            assert not a.active and a.no_path_since is not None and b.no_path_since is not None, \
+                ("no path, no relay", self._state())
         if any(p.works(r) for r in range(RAILS)):
             assert a.relay is None and b.relay is None, self._state()  # a rail is back: the relay ended
 
@@ -332,7 +366,8 @@ class PairMachine(RuleBasedStateMachine):
         return {"carrier": p.carrier, "black": p.black, "events": p.events[-12:],
                 "status": [[(s.state.value, s.failures, s.up_since) for s in e.status] for e in p.ends],
                 "avoid": [(e.avoid, e.peer_avoid) for e in p.ends],
-                "relay": [(e.relay.via, e.relay.confirmed) if e.relay else None for e in p.ends], "third": p.third}
+                "relay": [(e.relay.via, e.relay.confirmed) if e.relay else None for e in p.ends], "third": p.third,
+                "third_silent": p.third_silent}
 
     @invariant()
     def no_frame_on_a_link_known_down(self):
@@ -350,6 +385,16 @@ class PairMachine(RuleBasedStateMachine):
         for me, e in enumerate(self.pair.ends):
             if e.relay is not None:
                 assert not e.active and e.relay.via not in (me, 1 - me), self._state()
+
+    @invariant()
+    def a_relay_never_outlives_its_silence(self):
+        """A route that carried nothing of the peer's for RELAY_SILENT is given up (by the next tick)."""
+        if not hasattr(self, "pair"):
+            return
+        for e in self.pair.ends:
+            if e.relay is not None:
+                assert self.pair.now - e.relay_clock.heard <= P.RELAY_SILENT + TICK + 1e-9, \
+                    ("relay silent", self.pair.now, e.relay_clock.heard, self._state())
 
     @invariant()
     def no_frame_on_a_rail_the_peer_said_is_down(self):
@@ -417,13 +462,27 @@ def _ignore_peer_word(self, word, now, local_down):
     self.peer_rails.apply(word)  # (read, then nothing done: the rails it says are down stay in use)
 
 
+_relay_tick = P.PeerPaths.relay_tick
+
+
+def _no_relay_silence(self, now, heartbeat, acked, unacked, writing, due):
+    heard = self.relay_clock.heard
+    self.relay_clock.heard = now  # (as if the peer had just spoken: the silence is never found)
+    got = _relay_tick(self, now, heartbeat, acked, unacked, writing, due)
+    self.relay_clock.heard = heard
+    return got
+
+
 @pytest.mark.parametrize("policy, patch, words", [
     (NoHolddown, None, "hold_down"),  # a hold-down skipped
     (DownRailToo, None, "known_down"),  # a frame sent on a down link
     (PathPolicy, ("peer_word", _ignore_peer_word), "known_down"),  # the peer's rail word ignored
     (PathPolicy, ("_relay_off", lambda self, why: None), "relay"),  # a relay kept after a rail is back
-    (PathPolicy, ("failback", lambda self, now: False), "settle|uses_one"),  # never back on a rail
-], ids=["no-hold-down", "down-link", "peer-word-ignored", "relay-kept", "no-failback"])
+    (PathPolicy, ("failback", lambda self, now: False), "settle|uses_one|hold_down"),  # never back on a rail
+    (PathPolicy, ("relay_heard", lambda self, now: None), "relayed|relay silent"),  # the peer's relayed frames unheard
+    (PathPolicy, ("relay_tick", _no_relay_silence), "relay silent|no relay"),  # a relay's silence ignored
+], ids=["no-hold-down", "down-link", "peer-word-ignored", "relay-kept", "no-failback", "relay-unheard",
+        "relay-silence-ignored"])
 def test_the_model_finds_a_planted_bug(policy, patch, words, monkeypatch):
     class Planted(PairMachine):
         policy_cls = policy
