@@ -7,7 +7,7 @@ clock steps. After every step the invariants of the escape hold:
    eligible (it is then the last resort, which is the policy), so a flapping rail cannot make the
    pair switch faster than the hold-down allows;
 3. a pair with a rail that works uses a rail (or knows it has none) within the detection bound
-   plus a re-dial;
+   plus a re-dial (and the hold-down, while a relay that works carries it);
 4. both ends agree on the pair's rails within a bounded time after the network last changed;
 5. when every fault is repaired, the pair is back on its primary within that bound;
 6. a relay carries alone and is a third rank (no loop); it never outlives ``RELAY_SILENT``
@@ -429,9 +429,33 @@ class PairMachine(RuleBasedStateMachine):
             return
         p = self.pair
         quiet = p.now - p.changed_at
-        if quiet > DETECT + 2 * RECONNECT_MAX + 0.1 and any(p.works(r) for r in range(RAILS)):
+        if any(p.works(r) for r in range(RAILS)):
             for e in p.ends:
-                assert e.active, (quiet, self._state())
+                # (a pair on a relay that works leaves it for a rail once that is past its hold-down)
+                relayed = e.relay is not None and e.relay.confirmed
+                if quiet > DETECT + 2 * RECONNECT_MAX + 0.1 + (HOLDDOWN if relayed else 0.0):
+                    assert e.active, (quiet, self._state())
+
+
+def test_a_relayed_pair_keeps_its_relay_until_a_repaired_rail_is_past_its_hold_down():
+    """Host 0 cut off from every rail for 2.5 s, a third rank relaying: once repaired, the links
+    come back (a re-dial), the working relay carries on through the rails' hold-down, then both
+    ends go back to the primary and the relay ends. (Found by the model when it learned the
+    relay's timers: its bound for "uses a rail" had left out a relay's hold-down.)"""
+    p = Pair()
+    p.set_third(True, False)
+    for rail in range(RAILS):
+        p.set_carrier(0, rail, False)
+    p.advance(2.5)
+    assert all(e.relay is not None and e.relay.confirmed and not e.active for e in p.ends)
+    for rail in range(RAILS):
+        p.set_carrier(0, rail, True)
+    p.advance(DETECT + 2 * RECONNECT_MAX + 0.1)
+    assert all(e.relay is not None and not e.active for e in p.ends)  # the rails are in their hold-down
+    assert all(st.state is State.UP for e in p.ends for st in e.status)
+    p.advance(HOLDDOWN)
+    assert all(e.relay is None and e.active == [0] for e in p.ends)
+    assert [(me, ev) for _t, me, ev, _r in p.events if ev in ("relay_off", "failback")].count((0, "relay_off")) == 1
 
 
 SETTINGS = settings(max_examples=int(os.environ.get("LINKESCAPE_MODEL_EXAMPLES", "300")), stateful_step_count=40,

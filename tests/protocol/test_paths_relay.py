@@ -1,7 +1,7 @@
 """protocol/paths.PeerPaths: the timers it decides, sans I/O (time passed in). The relay's
 heartbeats, its silence (the route is lost after RELAY_SILENT without a word of the peer's) and
 the resending of frames lost at the relay (RELAY_RTO, doubling to RELAY_SILENT, only while the
-peer speaks); how often a link beats (a held rail's evidence)."""
+peer speaks); how often a link beats (a held rail's evidence); a link's silence (judge_silence)."""
 
 from __future__ import annotations
 
@@ -112,3 +112,18 @@ def test_a_held_rail_beats_four_times_an_interval_an_engaged_one_once_an_idle_on
     assert paths.avoid == 0b10
     assert paths.beat_every(1, False, HB) == HB / P.HELD_BEATS
     assert paths.beat_every(0, True, HB) == HB and paths.beat_every(0, False, HB) is None
+
+
+def test_silence_counts_from_when_bytes_were_first_seen_waiting_and_a_late_look_sends_a_follow_up():
+    T, HB_ = 0.2, 0.05
+    # nothing waits: no verdict, nothing pending
+    assert P.judge_silence(1.0, None, False, 0.5, 0.9, False, T, HB_) == (False, False, None, 1.0 + T)
+    # bytes seen waiting from now (the kernel's last ack is old: a pause), checked again when they could pass
+    v, follow, since, at = P.judge_silence(1.0, 5.0, False, None, 1.0, False, T, HB_)
+    assert (v, follow, since) == (False, False, 1.0) and abs(at - (1.0 + T)) < 1e-9
+    # past the timeout with frames sent behind the waiting bytes: silent
+    assert P.judge_silence(1.25, 5.0, False, 1.0, 1.1, False, T, HB_)[:2] == (True, False)
+    # past it, but nothing went out behind them (a probed link looked at late): one more frame first
+    assert P.judge_silence(1.25, 5.0, False, 1.0, 1.0, False, T, HB_) == (False, True, 1.0, 1.25 + HB_)
+    # our clock jumped (a stall of ours): no verdict, counting starts again
+    assert P.judge_silence(9.0, 8.0, True, 1.0, 1.1, False, T, HB_) == (False, False, 9.0, 9.0 + T)

@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..protocol.frames import DATA, HEARTBEAT, NOTIFY_SILENT
 from ..protocol.linkstate import Ev, State
+from ..protocol.paths import judge_silence
 from ..transport.tcp import tcp_info_summary
 from .link import Link
 
@@ -197,35 +198,19 @@ class PeerTimers:
         return self.paths.other_clean_rail(rail)
 
     def _silent(self, link: Link, now: float, blind: bool) -> bool:
-        """Silent loss: our bytes (data or a heartbeat) wait for the peer's
-        kernel to acknowledge them for longer than the silent timeout. Kernel
-        acks keep coming while the peer process is busy, so only the path can
-        trip this. Silence counts from when bytes were first seen waiting,
-        not from the last ack: after a pause the last ack is old although the
-        byte just went out."""
+        """Silent loss on ``link``? The kernel says how long our bytes wait for the peer's
+        kernel's acknowledgement (TCP_INFO); ``judge_silence`` (protocol/paths.py) decides."""
         try:
             silent = self.env.ack_silence(link.sock)
         except OSError:
             silent = None
-        timeout = self.env.config.silent_timeout
-        if silent is None or blind:
-            link.pending_since = None if silent is None else now
-            link.silent_at = now + timeout
-            return False
-        if link.pending_since is None:
-            link.pending_since = now
-        quiet_for = min(silent, now - link.pending_since)
-        hb = self.env.config.heartbeat_interval
-        if quiet_for > timeout and link.last_sent - link.pending_since < hb / 2 and not link.out:
-            # nothing went out behind the waiting bytes for an interval (a probed link, looked at
-            # late): a lone lost segment waits ~250 ms for the kernel's retransmission. One more
-            # frame first (see _follow_up): its duplicate ack comes at once on a live path.
+        cfg = self.env.config
+        verdict, follow_up, link.pending_since, link.silent_at = judge_silence(
+            now, silent, blind, link.pending_since, link.last_sent, bool(link.out), cfg.silent_timeout,
+            cfg.heartbeat_interval)
+        if follow_up:
             self._beat(link)
-            link.silent_at = now + hb
-            return False
-        # the earliest this silence can pass the timeout: check again then
-        link.silent_at = now + max(timeout - quiet_for, 0.001)
-        return quiet_for > timeout
+        return verdict
 
     def failback(self, now: float):
         """Move traffic back to a better rail (or from a relay to a rail)

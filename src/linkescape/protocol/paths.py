@@ -121,6 +121,31 @@ class RelayClock:
         self.resent = 0
 
 
+def judge_silence(now: float, silent: Optional[float], blind: bool, pending_since: Optional[float],
+                  last_sent: float, writing: bool, timeout: float, heartbeat: float) -> tuple:
+    """Silent loss on a link: our bytes (data or a heartbeat) wait for the peer's kernel to
+    acknowledge them for longer than ``timeout``. Kernel acks keep coming while the peer process
+    is busy, so only the path can trip this. ``silent``: how long the kernel has waited for an
+    ack (None: nothing waits); silence counts from when bytes were first seen waiting
+    (``pending_since``), not from the last ack: after a pause the last ack is old although the
+    byte just went out. ``blind``: the clock jumped (a stall of our own): no verdict, start again.
+
+    Returns (silent now, a follow-up frame to send first, pending_since, when to look again).
+    Nothing sent behind the waiting bytes for half an interval (``last_sent``; ``writing``: bytes
+    still queued) when the timeout passed: a lone lost segment waits ~250 ms for the kernel's
+    retransmission, so one more frame goes first, whose duplicate ack comes at once on a live
+    path (the verdict waits an interval for it)."""
+    if silent is None or blind:
+        return False, False, (None if silent is None else now), now + timeout
+    if pending_since is None:
+        pending_since = now
+    quiet_for = min(silent, now - pending_since)
+    if quiet_for > timeout and last_sent - pending_since < heartbeat / 2 and not writing:
+        return False, True, pending_since, now + heartbeat
+    # the earliest this silence can pass the timeout: look again then
+    return quiet_for > timeout, False, pending_since, now + max(timeout - quiet_for, 0.001)
+
+
 class PeerPaths:
     """One peer's paths, from this rank (``me``) to ``peer``."""
 
@@ -499,6 +524,6 @@ class PeerPaths:
         return True
 
 
-__all__ = ["PeerPaths", "Emit", "Fail", "Control", "RelayEnded", "Resend", "REPLAY", "NO_PATH", "PATH_BACK",
+__all__ = ["PeerPaths", "judge_silence", "Emit", "Fail", "Control", "RelayEnded", "Resend", "REPLAY", "NO_PATH", "PATH_BACK",
            "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "HELD_BEATS", "CAUSE", "STALE_RAIL_BITS",
            "AVOID_MASK", "LOAD_SHIFT"]
