@@ -18,7 +18,7 @@ from test_metrics_server import free_base
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "operations.md")
 #: exported only once something happens that this test does not make happen
 #: (replays are in the snapshot only on some engines; no-path time needs every rail down);
-#: tests/test_metrics.py covers them with the snapshots and events that carry them
+#: tests/observe/test_metrics.py covers them with the snapshots and events that carry them
 CONDITIONAL = {"linkescape_replayed_bytes_total", "linkescape_stall_seconds_total", "linkescape_relay_bytes_total"}
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..common import jsonl
 from ..faults import Schedule
+from ..tools.timeline import format_ms, ms
 from . import analysis, workload
 
 DEFINITIONS = {
@@ -332,7 +332,7 @@ def _count_ops(recs) -> Dict[str, int]:
 # ------------------------------------------------------------ text
 def _ms(x: Optional[float]) -> str:
     """Seconds as whole milliseconds (the chaos report's unit); ``-`` for none or infinite."""
-    return "-" if x is None or (isinstance(x, float) and math.isinf(x)) else f"{x * 1000:.0f} ms"
+    return format_ms(ms(x), whole=True)
 
 
 def format_report(rep: Dict[str, Any]) -> str:

@@ -340,10 +340,13 @@ def ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else seconds * 1000.0
 
 
-def format_ms(v: Optional[float], missing: str = "-") -> str:
-    """Milliseconds for people: ``< 1 ms``, one decimal below 10 ms, whole ones above; ``missing`` for None."""
-    if v is None:
+def format_ms(v: Optional[float], missing: str = "-", whole: bool = False) -> str:
+    """Milliseconds for people: ``< 1 ms``, one decimal below 10 ms, whole ones above (``whole``:
+    whole ones throughout, as the chaos report writes them); ``missing`` for None or infinite."""
+    if v is None or v in (float("inf"), float("-inf")):
         return missing
+    if whole:
+        return f"{v:.0f} ms"
     return "< 1 ms" if v < 1 else f"{v:.1f} ms" if v < 10 else f"{v:,.0f} ms"
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from linkescape import extras
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_a_missing_module_names_the_extra_and_is_a_click_error():

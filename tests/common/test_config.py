@@ -16,7 +16,7 @@ from linkescape import config as config_mod
 from linkescape.config import Config
 from linkescape.errors import ConfigError
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
 NAME = re.compile(r"^LINKESCAPE_[A-Z0-9]+(?:_[A-Z0-9]+)*$")
 

@@ -8,7 +8,7 @@ import re
 
 from linkescape import errors
 
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 
 
 def _rows():
