@@ -71,6 +71,7 @@ def test_resources_return_to_warm_levels_and_close_leaves_nothing(testbed_factor
         assert set(recs) == {"warm", "end", "closed"}, (rank, lines[rank], procs[rank].stderr.read())
         warm, end, closed = recs["warm"], recs["end"], recs["closed"]
         assert end["wrong"] == 0 and end["iters"] >= ITERS
+        assert end["links_up"], (rank, "a link was not back 20 s after the last repair")
         # re-opened links get new descriptor numbers: count them by kind
         assert _kinds(end["fds"]) == _kinds(warm["fds"]), (rank, _kinds(warm["fds"]), _kinds(end["fds"]))
         assert end["threads"] == warm["threads"], (rank, warm["threads"], end["threads"])
