@@ -202,8 +202,9 @@ class PeerChannel(PeerTimers):
                 self._out.append(item)
 
     def _heard(self, link: Optional[Link], hdr: Header) -> None:
-        """A frame for the paths: its rail word (when it changed), then what a control frame says
-        (not when its rail word took down the very link it came on)."""
+        """A frame for the paths (``link`` None: it came through a relay): its rail word (when it
+        changed), then what a control frame says (not when its rail word took down the very link
+        it came on)."""
         if hdr.rails != self.paths.peer_rails.word:
             self.on_peer_rails(hdr.rails)
             if link is not None and not link.open:
@@ -605,15 +606,12 @@ class PeerChannel(PeerTimers):
             self._apply_paths()
             if hdr.ack:
                 self.outbound.on_ack(hdr.ack)
-            if hdr.rails != self.peer_rails.word:
-                self.on_peer_rails(hdr.rails)
+            self._heard(None, hdr)  # its rail word; what a control frame says
             if hdr.kind == DATA:
                 try:
                     self.receiver.on_relayed(frame)
                 finally:
                     self._take_read()
-            else:
-                self.on_control(None, hdr)
         except ProtocolError:
             raise
         except LinkEscapeError as exc:

@@ -60,9 +60,9 @@ ACK_NET = 0.1
 
 class Heard(NamedTuple):
     """A frame for the pair's paths: a control frame, or one whose rail word differs from the
-    word applied (``link`` None: it came through a relay)."""
+    word applied; ``link``: the link it came on."""
 
-    link: Optional[Link]
+    link: Link
     hdr: Header
 
 
@@ -322,7 +322,7 @@ class Receiver:
         link.hdr = hdr
         return self.bind(link)
 
-    def _hear(self, link: Optional[Link], hdr: Header) -> None:
+    def _hear(self, link: Link, hdr: Header) -> None:
         self.out.append(Heard(link, hdr))
         self._stop = True
 
