@@ -661,4 +661,6 @@ def run_env(spec: BenchSpec, on_event: Callable[[dict], None]) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - started by LocalLauncher
-    sys.exit(rank_main())
+    from .leave import leave
+
+    leave(rank_main())  # (not the interpreter's finalization: see bench/leave.py)

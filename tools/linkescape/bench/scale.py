@@ -441,4 +441,6 @@ def run_scale(sizes: List[int], json_path: Optional[str], echo: Callable[[str], 
 
 
 if __name__ == "__main__":  # pragma: no cover - started by run_one
-    sys.exit(rank_main())
+    from .leave import leave
+
+    leave(rank_main())  # (not the interpreter's finalization: see bench/leave.py)
