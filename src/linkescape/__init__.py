@@ -59,6 +59,17 @@ class _OldName:
 
 _sys.meta_path.append(_OldName())
 
+
+def __getattr__(name: str):
+    """``linkescape.<old name>`` as an attribute too (``linkescape.ops.BFLOAT16`` after ``import
+    linkescape``): the package's ``__init__`` imported those modules when they were loose, which made
+    each an attribute of the package; now the folder's module, imported under its old name."""
+    if name in MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 from .comm.communicator import Communicator, Work
 from .common.config import Config
 from .common.errors import (AuthError, CollectiveMismatch, CommClosed, CommTimeout, ConfigError, GroupShrunk,
