@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -153,13 +154,17 @@ def _late(comm):
     try:
         comm.all_reduce(np.zeros(4, np.float32))
     except CommTimeout as exc:
-        return ("CommTimeout", exc.peers)
+        return ("CommTimeout", exc.peers, str(exc))
     return "no error"
 
 
 def test_operation_timeout_names_the_peer():
     res = run_ranks(2, _late, config=Config(timeout=1))
     assert res[0][0] == "CommTimeout" and 1 in res[0][1]
+    # ... and says what this rank knew of its path to it: a working path, a peer elsewhere
+    assert re.search(r"waiting for ranks \[1\] \(rank 1: on rail 0, links up on rails \[0\], "
+                     r"(last read \d+\.\ds ago|nothing read yet), \d+ frames of ours unacknowledged\)$",
+                     res[0][2]), res[0][2]
 
 
 def _garbage_handshake(comm):

@@ -23,6 +23,9 @@ from .messages import ANY_SOURCE, InMessage, Op, discard
 
 log = logging.getLogger("linkescape.engine")
 
+#: ranks a timed-out operation's message describes (the path to each: ``PeerChannel.waiting_note``)
+NOTED = 4
+
 
 class OpTable:
     def __init__(self, peers: Dict[int, "PeerChannel"], matcher: "Matcher", clock) -> None:
@@ -138,7 +141,14 @@ class OpTable:
             return
         waiting = sorted({m.peer for m in op.recvs if not m.done} |
                          {m.peer for m in op.sends if m.carved < m.nbytes})
-        self.fail(op, CommTimeout(f"{op.name} (op {op.seq}) timed out waiting for ranks {waiting}",
+        # what this rank knows of the path to the first few it waits for: a peer that says nothing
+        # on a path that works is elsewhere (not in this collective, stopped); one without a path
+        # is the network's (O(1): at most NOTED peers, whatever N)
+        now = self.clock.now()
+        notes = [self.peers[p].waiting_note(now) for p in waiting[:NOTED] if p in self.peers]
+        more = f"; {len(waiting) - NOTED} more" if len(waiting) > NOTED else ""
+        detail = f" ({'; '.join(notes)}{more})" if notes else ""
+        self.fail(op, CommTimeout(f"{op.name} (op {op.seq}) timed out waiting for ranks {waiting}{detail}",
                                   peers=waiting, op_seq=op.seq))
 
 

@@ -675,6 +675,25 @@ class PeerChannel(PeerTimers):
         self._apply_paths()
 
     # ------------------------------------------------------------ state for operators
+    def waiting_note(self, now: float) -> str:
+        """(a timed-out operation's message) What this rank knows of its path to the peer: the
+        route, the links up, when a frame of the peer's was last read, what of ours it has not
+        acknowledged."""
+        up = [l.rail for l in self.live_links()]
+        if self.relay is not None:
+            route = f"through rank {self.relay.via}"
+        elif self.active:
+            route = f"on rail {self.active[0]}"
+        elif self.no_path_since is not None:
+            route = f"no path for {now - self.no_path_since:.1f}s"
+        else:
+            route = "no link opened yet"
+        heard = self.receiver.heard
+        read = f"last read {now - heard:.1f}s ago" if heard else "nothing read yet"
+        out = self.outbound
+        return (f"rank {self.rank}: {route}, links up on rails {up}, {read}, "
+                f"{out.last_seq - out.acked} frames of ours unacknowledged")
+
     def snapshot(self, now: float) -> dict:
         links = []
         for rail, st in enumerate(self.status):
