@@ -527,14 +527,14 @@ def test_a_timed_out_operation_is_told_the_path_to_the_peer_it_waits_for(rig):
     links up, when a frame of the peer's was last read, what of ours it has not acknowledged."""
     now = rig.clock.now
     assert rig.peer.waiting_note(now()) == ("rank 1: on rail 0, links up on rails [0, 1], nothing read yet, "
-                                            "0 frames of ours unacknowledged")
+                                            "0 of our frames unacknowledged")
     op = Op(1, "t", 1e9)
     rig.peer.post_send(OutMessage(op, 1, 1, 0, memoryview(b"0123456789")))
     rig.peer.pump()
     rig.send(1, pack_header(HEARTBEAT, 0, 0))  # a frame of the peer's (its ack says nothing of ours)
     rig.clock.advance_ms(2500)
     assert rig.peer.waiting_note(now()) == ("rank 1: on rail 0, links up on rails [0, 1], last read 2.5s ago, "
-                                            "1 frames of ours unacknowledged")
+                                            "1 of our frames unacknowledged")
     rig.peer.link_failed(0, Ev.CARRIER_DOWN, "cut")
     assert rig.peer.waiting_note(now()).startswith("rank 1: on rail 1, links up on rails [1], ")
     rig.peer.link_failed(1, Ev.CARRIER_DOWN, "cut")

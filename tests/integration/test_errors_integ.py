@@ -163,7 +163,7 @@ def test_operation_timeout_names_the_peer():
     assert res[0][0] == "CommTimeout" and 1 in res[0][1]
     # ... and says what this rank knew of its path to it: a working path, a peer elsewhere
     assert re.search(r"waiting for ranks \[1\] \(rank 1: on rail 0, links up on rails \[0\], "
-                     r"(last read \d+\.\ds ago|nothing read yet), \d+ frames of ours unacknowledged\)$",
+                     r"(last read \d+\.\ds ago|nothing read yet), \d+ of our frames unacknowledged\)$",
                      res[0][2]), res[0][2]
 
 

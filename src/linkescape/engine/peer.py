@@ -692,7 +692,7 @@ class PeerChannel(PeerTimers):
         read = f"last read {now - heard:.1f}s ago" if heard else "nothing read yet"
         out = self.outbound
         return (f"rank {self.rank}: {route}, links up on rails {up}, {read}, "
-                f"{out.last_seq - out.acked} frames of ours unacknowledged")
+                f"{out.last_seq - out.acked} of our frames unacknowledged")
 
     def snapshot(self, now: float) -> dict:
         links = []
