@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 import urllib.request
 
@@ -13,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from linkescape import CommTimeout, Config
 from linkescape.testing import raise_first, run_ranks
-from test_metrics_server import free_base
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "observe"))  # (its helpers live there)
+from test_metrics_server import free_base  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "operations.md")
 #: exported only once something happens that this test does not make happen

@@ -19,7 +19,7 @@ from linkescape.errors import UsageError
 from linkescape.testing import run_ranks
 from linkescape.tools.status import Poller, Target, parse_targets, render
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "observe"))  # (its helpers live there)
 from test_metrics_server import free_base  # noqa: E402
 
 RAILS = ("127.0.0.1", "127.0.0.2")

@@ -8,7 +8,7 @@ import sys
 
 from linkescape.torch.testing import failures, launch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "observe"))  # (its helpers live there)
 from test_metrics_server import free_base  # noqa: E402
 
 SCRIPT = r"""
