@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,14 +16,14 @@ pytest.importorskip("torch")
 WORKER = os.path.join(os.path.dirname(__file__), "idle_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_idle(world: int, seconds: float, env_extra=None) -> list:
-    port = _free_port()
+    from linkescape.torch.testing import reserved_port
+
+    with reserved_port() as port:  # rank 0's TCPStore listens on it
+        return _run_idle(world, seconds, port, env_extra)
+
+
+def _run_idle(world: int, seconds: float, port: int, env_extra) -> list:
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", OMP_NUM_THREADS="1", **(env_extra or {}))
     procs = [subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(port), str(seconds)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -100,9 +100,10 @@ def main():
 
 
 def test_ddp_under_distributed_autograd():
-    from linkescape.torch.testing import free_port, launch_ok
+    from linkescape.torch.testing import launch_ok, reserved_port
 
-    launch_ok([os.path.abspath(__file__)], 2, timeout=180, env={"RPC_PORT": str(free_port())})
+    with reserved_port() as rpc_port:
+        launch_ok([os.path.abspath(__file__)], 2, timeout=180, env={"RPC_PORT": str(rpc_port)})
 
 
 if __name__ == "__main__":

@@ -44,3 +44,34 @@ def test_a_rank_that_hangs_is_killed_at_the_timeout():
     res = launch(["-c", "import os, time\nif os.environ['RANK'] == '1': time.sleep(600)"], 2, timeout=20)
     assert res[0].returncode == 0 and not res[0].timed_out
     assert res[1].timed_out
+
+
+def test_a_reserved_port_is_given_to_no_other_socket_yet_a_store_listens_on_it():
+    # CI of stop 56: a rank 0's TCPStore failed with EADDRINUSE on the port free_port had found free,
+    # taken in between by a listener of a test running beside it (a bind to port 0 of its own).
+    import datetime
+    import errno
+    import socket
+
+    import torch.distributed as dist
+
+    from linkescape.torch.testing import reserved_port
+
+    with reserved_port() as port:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # held: the kernel gives it no one else
+            with pytest.raises(OSError) as exc:
+                s.bind(("127.0.0.1", port))
+            assert exc.value.errno == errno.EADDRINUSE
+        store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=10))
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        del store
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # given back: a plain bind gets it
+        s.bind(("127.0.0.1", port))
+        s.listen()
+
+
+def test_a_job_listens_on_the_port_it_was_given_while_the_launch_holds_it():
+    res = launch(["-c", "import os, socket\ns = socket.create_server(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
+                  "print('rank 0: listening')"], 1, timeout=60)
+    assert res[0].returncode == 0 and "rank 0: listening" in res[0].stdout, res[0].describe()

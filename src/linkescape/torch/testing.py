@@ -7,6 +7,7 @@ MASTER_PORT), forked from a launcher that imported torch once, or a fresh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 
 @dataclass
@@ -36,9 +37,31 @@ BAD_EXIT_MARKERS = ("terminate called", "Aborted", "core dumped", "Fatal Python 
 
 
 def free_port() -> int:
+    """A port that was free a moment ago. Another socket on the host may be
+    given it before it is used (a listener that binds port 0, a connect):
+    for a port a job will listen on, ``reserved_port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A TCP port that the kernel gives no other socket while the block runs,
+    yet that a listener with SO_REUSEADDR (a TCPStore, Python's
+    ``socketserver``, ours) can still bind: it is held by a bound socket with
+    SO_REUSEADDR that never listens. A bind to port 0 and a connect's local
+    port never take a port that has a bound socket; two sockets that both
+    set SO_REUSEADDR share a port while neither listens. ``free_port``'s
+    port, instead, was taken between its release and the job's listen when
+    tests ran in parallel (EADDRINUSE at a rank 0's TCPStore)."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("0.0.0.0", 0))
+        yield holder.getsockname()[1]
+    finally:
+        holder.close()
 
 
 def _base_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -88,7 +111,13 @@ def launch(argv: Sequence[str], nprocs: int, *, env: Optional[Dict[str, str]] = 
     Each rank is still a process of its own; it only does not import torch
     again (1.8 CPU-seconds a rank). ``"spawn"``: a fresh ``python`` per rank,
     for what depends on the interpreter's start (import-time settings)."""
-    port = free_port()
+    with reserved_port() as port:  # held until every rank has exited
+        return _launch(argv, nprocs, port, env=env, timeout=timeout, per_rank_env=per_rank_env, cwd=cwd,
+                       start=start)
+
+
+def _launch(argv: Sequence[str], nprocs: int, port: int, *, env: Optional[Dict[str, str]], timeout: float,
+            per_rank_env: Optional[Dict[int, Dict[str, str]]], cwd: Optional[str], start: str) -> List[RankResult]:
     job = {"WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port)}
     ranks = []
@@ -211,12 +240,22 @@ def torchrun_popen(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dic
                    cwd: Optional[str] = None, launcher_args: Sequence[str] = ()) -> subprocess.Popen:
     """``torchrun`` started (its output in pipes, in a session of its own), for a caller that reads
     its output as it comes."""
+    import weakref
+
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
-    cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+    reservation = reserved_port()
+    port = reservation.__enter__()  # held as long as the Popen lives: torchrun's agent listens on it
+    cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={port}",
             *launcher_args, *script_argv]
-    return subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    try:
+        p = subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    except BaseException:
+        reservation.__exit__(None, None, None)
+        raise
+    weakref.finalize(p, reservation.__exit__, None, None, None)
+    return p
 
 
 def failures(results: Sequence[RankResult], expect_rc: Optional[Dict[int, int]] = None) -> str:
@@ -242,4 +281,4 @@ def launch_ok(argv: Sequence[str], nprocs: int, *, ok: str = "ok", **kwargs) -> 
     return res
 
 
-__all__ = ["launch", "launch_ok", "torchrun", "torchrun_popen", "failures", "free_port", "RankResult", "BAD_EXIT_MARKERS"]
+__all__ = ["launch", "launch_ok", "torchrun", "torchrun_popen", "failures", "free_port", "reserved_port", "RankResult", "BAD_EXIT_MARKERS"]

@@ -204,17 +204,16 @@ def testbed_runs(opts: DemoOptions, display_factory) -> Tuple[Dict[str, Any], Li
 
 
 # -- emulated (loopback)
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _local_job(argv: List[str], world: int, env: Dict[str, str], log_path: str, timeout: float) -> int:
     """``world`` ranks as local processes with torchrun's environment; the worst exit status."""
-    port = _free_port()
+    from linkescape.torch.testing import reserved_port
+
+    with reserved_port() as port:  # rank 0's TCPStore listens on it
+        return _local_ranks(argv, world, env, log_path, timeout, port)
+
+
+def _local_ranks(argv: List[str], world: int, env: Dict[str, str], log_path: str, timeout: float,
+                 port: int) -> int:
 
     def rank_env(rank: int) -> Dict[str, str]:
         return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
