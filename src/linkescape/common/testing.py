@@ -91,11 +91,15 @@ def run_ranks(n: int, fn: Callable, *args, rails: Optional[Sequence[str]] = ("12
 
 
 def raise_first(results: List[Any]) -> List[Any]:
-    """Re-raise the first exception a rank returned (with its traceback text)."""
-    for rank, res in enumerate(results):
-        if isinstance(res, BaseException):
-            text = getattr(res, "__traceback_text__", "")
-            raise AssertionError(f"rank {rank} raised {type(res).__name__}: {res}\n{text}") from res
+    """Re-raise the first exception a rank returned (with its traceback text); the message also
+    says what every other rank that failed raised (the first to fail is not always the cause: a
+    rank that timed out and closed makes its peers raise PeerLost)."""
+    failed = [(rank, res) for rank, res in enumerate(results) if isinstance(res, BaseException)]
+    if failed:
+        rank, res = failed[0]
+        text = getattr(res, "__traceback_text__", "")
+        others = "".join(f"\nrank {r} raised {type(e).__name__}: {e}" for r, e in failed[1:])
+        raise AssertionError(f"rank {rank} raised {type(res).__name__}: {res}\n{text}{others}") from res
     return results
 
 

@@ -485,7 +485,8 @@ class PeerChannel(PeerTimers):
         return self._done()
 
     def lost_relayed(self) -> None:
-        """A relayed frame could not be kept: ask the peer to send again."""
+        """A frame could not be kept (a relayed one, or one ahead of a gap no link of ours can
+        fill): ask the peer to send again everything we have not acknowledged."""
         self.sender.send_control(RELAY_RESET, arg=self.env.rank)
 
     # ------------------------------------------------------------ poll events

@@ -101,6 +101,9 @@ class Dropped:
 
 #: a parked link is read on into the stash after this long
 STASH_AFTER = 0.005
+#: a gap the peer was asked to fill (a frame ahead of it dropped for want of room) is asked for again
+#: after this long while frames ahead of it still come
+GAP_ASK_AGAIN = 0.2
 _STASH = object()  # the binding of a frame read into the stash
 _RELAY = object()  # the binding of a RELAY frame (the whole inner frame is read)
 #: what ``Receiver._stash`` did with a frame (0: no room, dropped)
@@ -139,6 +142,8 @@ class Receiver:
         #: when a link of this peer last had bytes for us (our clock): the peer was alive then (the
         #: store's liveness record it wrote last is at most a beat older: engine/beacon.py)
         self.heard = 0.0
+        #: (the gap, when) the peer was last asked to send again a gap no link of ours could fill
+        self._gap_asked = (0, -1.0)
         self.coll_recvs: Deque[InMessage] = collections.deque()
         self.p2p_recvs: Dict[int, Deque[InMessage]] = {}
         self.unexpected: Dict[int, Deque[Unexpected]] = {}
@@ -431,10 +436,18 @@ class Receiver:
                 return True  # it follows frames the stash holds
             if self.paths.relay is not None or any(other is not link and other.open for other in self.links if other):
                 return self._park(link)  # the gap is on its way over another path (or the stash)
-            # No other path can fill the gap: the frames missing are replayed
-            # behind this one on this very link, and so is this one. Drop it.
+            # No other link of ours can fill the gap. Either the frames missing are replayed behind
+            # this one on this very link (the sender lost the link they went on), or they went on a
+            # link the sender has up and we do not have yet: its first connection, adopted by the
+            # acceptor before the dialer read the answer (dropped here, this frame waited for a replay
+            # that never came: a collective hung at start-up with connect_at_start=neighbours). Keep
+            # it in the stash; a replayed copy is a duplicate.
+            if self._to_stash(link):
+                return True
+            # No room: drop it, and ask the peer to send again what we have not acknowledged.
             link.binding = None
             link.sink = env.discard(hdr.length)
+            self._ask_gap()
         else:
             cur = self.cur_in
             if cur is None:
@@ -505,6 +518,15 @@ class Receiver:
             raise ProtocolError(f"frame at offset {hdr.offset} with {hdr.length} bytes of a "
                                 f"{hdr.arg}-byte message, in one of {cur.nbytes} bytes",
                                 peer=self.rank, rail=rail)
+
+    def _ask_gap(self) -> None:
+        """A frame ahead of a gap was dropped: the peer sends everything unacknowledged again
+        (``RESEND``); asked once per gap, and again after ``GAP_ASK_AGAIN`` if it is still open."""
+        gap, at = self._gap_asked
+        now = self.env.clock.now()
+        if gap != self.inbound.expected or now - at >= GAP_ASK_AGAIN:
+            self._gap_asked = (self.inbound.expected, now)
+            self.out.append(RESEND)
 
     def _park(self, link: Link) -> bool:
         if self.stash and self._to_stash(link):
