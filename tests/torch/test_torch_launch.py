@@ -72,6 +72,16 @@ def test_a_reserved_port_is_given_to_no_other_socket_yet_a_store_listens_on_it()
 
 
 def test_a_job_listens_on_the_port_it_was_given_while_the_launch_holds_it():
-    res = launch(["-c", "import os, socket\ns = socket.create_server(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
-                  "print('rank 0: listening')"], 1, timeout=60)
-    assert res[0].returncode == 0 and "rank 0: listening" in res[0].stdout, res[0].describe()
+    script = ("import errno, os, socket\n"
+              "port = int(os.environ['MASTER_PORT'])\n"
+              "plain = socket.socket()\n"
+              "try:\n"
+              "    plain.bind(('127.0.0.1', port))\n"
+              "    print('rank 0: not held')\n"
+              "except OSError as exc:\n"
+              "    print('rank 0: held' if exc.errno == errno.EADDRINUSE else f'rank 0: {exc}')\n"
+              "s = socket.create_server(('127.0.0.1', port))\n"
+              "print('rank 0: listening')")
+    res = launch(["-c", script], 1, timeout=60)
+    assert res[0].returncode == 0, res[0].describe()
+    assert "rank 0: held" in res[0].stdout and "rank 0: listening" in res[0].stdout, res[0].describe()

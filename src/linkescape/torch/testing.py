@@ -55,13 +55,23 @@ def reserved_port() -> Iterator[int]:
     set SO_REUSEADDR share a port while neither listens. ``free_port``'s
     port, instead, was taken between its release and the job's listen when
     tests ran in parallel (EADDRINUSE at a rank 0's TCPStore)."""
+    holder = _port_holder()
+    try:
+        yield holder.getsockname()[1]
+    finally:
+        holder.close()
+
+
+def _port_holder() -> socket.socket:
+    """The socket that holds a ``reserved_port`` (its port: ``getsockname()[1]``)."""
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("0.0.0.0", 0))
-        yield holder.getsockname()[1]
-    finally:
+    except BaseException:
         holder.close()
+        raise
+    return holder
 
 
 def _base_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -244,17 +254,16 @@ def torchrun_popen(script_argv: Sequence[str], nprocs: int, *, env: Optional[Dic
 
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
-    reservation = reserved_port()
-    port = reservation.__enter__()  # held as long as the Popen lives: torchrun's agent listens on it
-    cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={port}",
+    holder = _port_holder()  # (reserved_port's) held as long as the Popen lives: torchrun's agent listens on it
+    cmd += [f"--nproc-per-node={nprocs}", "--master-addr=127.0.0.1", f"--master-port={holder.getsockname()[1]}",
             *launcher_args, *script_argv]
     try:
         p = subprocess.Popen(cmd, env=_base_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
     except BaseException:
-        reservation.__exit__(None, None, None)
+        holder.close()
         raise
-    weakref.finalize(p, reservation.__exit__, None, None, None)
+    weakref.finalize(p, holder.close)
     return p
 
 
