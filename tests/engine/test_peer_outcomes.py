@@ -860,3 +860,90 @@ def test_a_frame_ahead_on_our_only_link_with_no_room_is_dropped_and_asked_for_ag
         assert [o for o in out if isinstance(o, RecvDone)] == [RecvDone(m)] and bytes(buf) == b"abcdefgh"
     finally:
         r.close()
+
+
+# ---------------------------------------------------------------- how often a busy pair's links beat
+def _beats(rig, rail: int) -> int:
+    return sum(1 for h in rig.frames_at_remote(rail) if h.kind == HEARTBEAT)
+
+
+def _busy_for(rig, seconds: float, step_ms: float = 10.0) -> tuple:
+    """The pair waits on a receive for ``seconds`` of virtual time, the timers running every
+    ``step_ms``: the heartbeats each rail carried meanwhile."""
+    rig.frames_at_remote(0), rig.frames_at_remote(1)
+    beats = [0, 0]
+    for _ in range(round(seconds * 1000 / step_ms)):
+        rig.clock.advance_ms(step_ms)
+        _tick(rig)
+        for rail in (0, 1):
+            beats[rail] += _beats(rig, rail)
+    return tuple(beats)
+
+
+def test_a_calm_rank_beats_a_busy_pairs_backup_every_second_and_its_primary_every_interval(rig):
+    """No link of the rank went down for CALM_AFTER: the backup of a pair waiting on a receive beats
+    every CALM_BEAT, not every heartbeat interval (at 64 ranks on 2 cores those beats were a third of a
+    small call's CPU); the link that carries the traffic beats every interval as before."""
+    from linkescape.protocol.paths import CALM_AFTER, CALM_BEAT
+
+    rig.clock.advance(CALM_AFTER + 1)
+    _post_first_collective_recv(rig)
+    assert rig.peer.calm(rig.clock.now(), False)
+    primary, backup = _busy_for(rig, 2.0)
+    hb = rig.config.heartbeat_interval
+    assert primary >= 2.0 / (hb + 0.01) - 1  # every interval (the timers run every 10 ms here)
+    assert 1 <= backup <= 2.0 / CALM_BEAT + 1  # every second
+
+
+def test_a_link_of_the_rank_that_went_down_makes_busy_pairs_beat_their_backups_every_interval(rig):
+    """A fault anywhere on the rank (the engine sets ``fault_at`` on every link down): for CALM_AFTER
+    seconds each busy pair's backup beats every heartbeat interval again, from the next timer round
+    on; then the rank is calm again."""
+    from linkescape.protocol.paths import CALM_AFTER
+
+    rig.clock.advance(CALM_AFTER + 1)
+    _post_first_collective_recv(rig)
+    _busy_for(rig, 1.5)  # calm: the backup beat lately, but not within the interval
+    rig.env.update(fault_at=rig.clock.now())  # a link to another peer went down
+    assert not rig.peer.calm(rig.clock.now(), False)
+    rig.clock.advance_ms(1)
+    _tick(rig)
+    assert _beats(rig, 1) == 1  # at once: it had not beaten for longer than an interval
+    hb = rig.config.heartbeat_interval
+    _, backup = _busy_for(rig, 1.0)
+    assert backup >= 1.0 / (hb + 0.01) - 1
+    rig.clock.advance(CALM_AFTER)
+    assert rig.peer.calm(rig.clock.now(), False)
+    _, backup = _busy_for(rig, 2.0)
+    assert backup <= 3
+
+
+def test_a_watched_peer_or_one_with_a_fault_is_never_calm(rig):
+    from linkescape.protocol.paths import CALM_AFTER
+
+    rig.clock.advance(CALM_AFTER + 1)
+    now = rig.clock.now()
+    assert rig.peer.calm(now, False) and not rig.peer.calm(now, True)
+    rig.peer.link_failed(0, Ev.TIMEOUT, "silent")  # held out until clean: a fault with this peer
+    assert not rig.peer.calm(rig.clock.now(), False)
+
+
+def test_the_engine_marks_the_rank_not_calm_when_a_link_goes_down():
+    from linkescape.engine.clock import FakeClock as Clock
+    from linkescape.engine.core import Engine
+    from linkescape.engine.outcomes import LinkDown as Down
+
+    eng = Engine(0, 2, 1, Config(), clock=Clock())
+    try:
+        eng.clock.advance(5.0)
+        assert eng.env.fault_at == float("-inf")
+        peer = eng.peers.find(1)
+        a, b = socket.socketpair()
+        try:
+            eng._link_down(peer, Down(Link(a, 1, 0, 1, eng.clock.now())))
+        finally:
+            a.close()
+            b.close()
+        assert eng.env.fault_at == eng.clock.now()
+    finally:
+        eng.close_locked(graceful=False)

@@ -112,6 +112,24 @@ def test_a_held_rail_beats_four_times_an_interval_an_engaged_one_once_an_idle_on
     assert paths.avoid == 0b10
     assert paths.beat_every(1, False, HB) == HB / P.HELD_BEATS
     assert paths.beat_every(0, True, HB) == HB and paths.beat_every(0, False, HB) is None
+    assert paths.beat_every(1, True, HB, calm=True) == HB / P.HELD_BEATS  # (held: its evidence, calm or not)
+
+
+def test_a_busy_pairs_backup_beats_every_interval_unless_the_rank_is_calm():
+    paths = P.PeerPaths(0, 1, 2, PathPolicy(primary=0, holddown=1.0))
+    for rail in (0, 1):
+        paths.opened(rail, 1, 0.0, reopened=False)
+    assert paths.active == [0]
+    assert paths.beat_every(1, True, HB) == HB  # a fault lately: the backup is kept known good
+    assert paths.beat_every(1, True, HB, calm=True) == P.CALM_BEAT  # calm: it beats far less
+    assert paths.beat_every(0, True, HB, calm=True) == HB  # the rail that carries the traffic: every interval
+    assert paths.beat_every(1, False, HB, calm=True) is None  # idle: the probe budget's
+    assert paths.beat_every(1, True, 2.0, calm=True) == 2.0  # (never more often than the interval)
+    # striping: every rail carries the traffic
+    striped = P.PeerPaths(0, 1, 2, PathPolicy(primary=0, holddown=1.0, stripe=True))
+    for rail in (0, 1):
+        striped.opened(rail, 1, 0.0, reopened=False)
+    assert striped.active == [0, 1] and striped.beat_every(1, True, HB, calm=True) == HB
 
 
 def test_silence_counts_from_when_bytes_were_first_seen_waiting_and_a_late_look_sends_a_follow_up():

@@ -410,6 +410,8 @@ class Engine:
     def _link_down(self, peer: PeerChannel, o: LinkDown) -> None:
         rail = o.link.rail
         self.down.add((peer.rank, rail))
+        # the rank is not calm any more: every busy pair's backups beat each interval (PeerTimers.calm)
+        self.env.update(fault_at=self.clock.now())
         if o.severed:
             self._severed.append(o.link)
         if len(self.degraded_watch) < WATCH_DEGRADED:

@@ -84,13 +84,13 @@ class Scratch:
 
 class PeerEnv:
     """What every peer of one rank is given when it is built. Read-only to the peers: the
-    engine alone changes ``local_down`` and ``relaying`` (``update``); a peer asks for the
+    engine alone changes ``local_down``, ``relaying`` and ``fault_at`` (``update``); a peer asks for the
     timers through ``soon`` (the engine's ``Wakeup``) and for a buffer to drop bytes into through
     ``discard`` (a ``Scratch``), which are not state of this object."""
 
     __slots__ = ("rank", "nrails", "config", "clock", "io", "policy", "rail_word", "rail_rates", "matcher",
                  "protect", "relay_admit", "keys", "ack_silence", "watermark", "relaying", "local_down",
-                 "wakeup", "soon", "discard", "_frozen")
+                 "fault_at", "wakeup", "soon", "discard", "_frozen")
 
     def __init__(self, rank: int, nrails: int, config, clock, io, policy: PathPolicy, rail_word, rail_rates,
                  matcher: Matcher, protect: Callable[[memoryview], None],
@@ -120,6 +120,9 @@ class PeerEnv:
         #: rails this rank holds down, a bitmask: its NIC without carrier, or an
         #: emulated fault (neither dialed nor accepted on until it is back)
         self.local_down = 0
+        #: when a link of this rank last went down (-inf: never): the busy pairs' backups beat every
+        #: heartbeat interval for ``paths.CALM_AFTER`` seconds after it (``PeerTimers.calm``)
+        self.fault_at = -INF
         self.wakeup = Wakeup()
         #: ``soon(when)``: run the timers no later than ``when``
         self.soon = self.wakeup.soon
@@ -133,9 +136,9 @@ class PeerEnv:
         object.__setattr__(self, name, value)
 
     def update(self, **fields) -> None:
-        """(the engine only) Change what the peers read: ``local_down``, ``relaying``."""
+        """(the engine only) Change what the peers read: ``local_down``, ``relaying``, ``fault_at``."""
         for name, value in fields.items():
-            if name not in ("local_down", "relaying"):
+            if name not in ("local_down", "relaying", "fault_at"):
                 raise AttributeError(f"PeerEnv.{name} does not change while the engine runs")
             object.__setattr__(self, name, value)
 

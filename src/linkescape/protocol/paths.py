@@ -50,6 +50,10 @@ CAUSE = {ev: ev.value for ev in (Ev.CARRIER_DOWN, Ev.PEER_CARRIER_DOWN, Ev.SOCKE
                                  Ev.PROTOCOL_ERROR, Ev.DEGRADED)}
 #: a held rail's link beats this many times a heartbeat interval: the hold's evidence (grey.Hold)
 HELD_BEATS = 4
+#: while the rank is calm (no link of its own went down for ``CALM_AFTER`` seconds, no fault with
+#: the peer), a busy pair's backups beat this often, not every heartbeat interval (``beat_every``)
+CALM_BEAT = 1.0
+CALM_AFTER = 30.0
 #: a NOTIFY_STALE's arg: the rail (low 8 bits) and the epoch (above; at most 2**24 - 1)
 STALE_RAIL_BITS = 8
 #: bits of a HEARTBEAT's arg: the rails the sender holds out (low 8), the pairs it relays (above)
@@ -219,14 +223,24 @@ class PeerPaths:
         held = self.held()
         return any(st.rail != rail and st.state is State.UP and not held >> st.rail & 1 for st in self.status)
 
-    def beat_every(self, rail: int, engaged: bool, heartbeat: float) -> Optional[float]:
+    def beat_every(self, rail: int, engaged: bool, heartbeat: float, calm: bool = False) -> Optional[float]:
         """How often the link on ``rail`` beats: a rail we hold out ``HELD_BEATS`` times a
         heartbeat interval (its cleanliness is judged from them: ``grey.Hold``), any other every
         interval while the pair is ``engaged`` (an operation's traffic pending, or watched
-        closely); None: it does not beat (an idle link is looked at by the probe budget only)."""
+        closely); None: it does not beat (an idle link is looked at by the probe budget only).
+
+        ``calm`` (the rank saw no fault of its own for ``CALM_AFTER`` seconds, none is handled with
+        the peer, it is not watched): a backup (a rail not carrying the traffic) beats every
+        ``CALM_BEAT`` instead. A fault makes every busy pair's backups beat every interval again
+        from the next timer round on: faults come together (a switch, a cable tray), and the
+        backup the next failover takes must be known good then."""
         if self.avoid >> rail & 1:
             return heartbeat / HELD_BEATS
-        return heartbeat if engaged else None
+        if not engaged:
+            return None
+        if calm and rail not in self.active:
+            return max(heartbeat, CALM_BEAT)
+        return heartbeat
 
     def beat_arg(self, relaying: int) -> int:
         return (self.avoid & AVOID_MASK) | (min(relaying, 0xFFFF) << LOAD_SHIFT)
@@ -525,5 +539,5 @@ class PeerPaths:
 
 
 __all__ = ["PeerPaths", "judge_silence", "Emit", "Fail", "Control", "RelayEnded", "Resend", "REPLAY", "NO_PATH", "PATH_BACK",
-           "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "HELD_BEATS", "CAUSE", "STALE_RAIL_BITS",
-           "AVOID_MASK", "LOAD_SHIFT"]
+           "REDIAL", "RELAY_BEAT", "RelayClock", "RELAY_SILENT", "RELAY_RTO", "HELD_BEATS", "CALM_BEAT", "CALM_AFTER",
+           "CAUSE", "STALE_RAIL_BITS", "AVOID_MASK", "LOAD_SHIFT"]
