@@ -918,6 +918,26 @@ def test_a_link_of_the_rank_that_went_down_makes_busy_pairs_beat_their_backups_e
     assert backup <= 3
 
 
+def test_a_calm_pair_that_becomes_busy_asks_for_its_backups_beat_a_second_after_it_last_beat(rig):
+    """Not a heartbeat interval after: each operation of a small job made a timer round of its own
+    for a backup that was not due (4 ranks: 1.2 rounds per call instead of 0.1)."""
+    from linkescape.protocol.paths import CALM_AFTER
+
+    hb = rig.config.heartbeat_interval
+    for calm in (True, False):
+        rig.clock.advance(CALM_AFTER + 1)
+        now = rig.clock.now()
+        if not calm:
+            rig.env.update(fault_at=now - 1.0)  # a link of the rank went down a second ago
+        rig.links[0].last_sent = now  # the primary just carried data
+        rig.links[1].last_sent = now - 2 * hb  # the backup beat lately, but not within an interval
+        rig.env.wakeup.take()
+        m, _ = _post_first_collective_recv(rig)
+        assert rig.env.wakeup.at == pytest.approx(now + hb if calm else now - hb)
+        rig.peer.cancel(m)
+        assert not rig.peer.engaged()
+
+
 def test_a_watched_peer_or_one_with_a_fault_is_never_calm(rig):
     from linkescape.protocol.paths import CALM_AFTER
 

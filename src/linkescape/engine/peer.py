@@ -279,12 +279,18 @@ class PeerChannel(PeerTimers):
 
     def _engaging(self, sending) -> None:
         """An operation's traffic starts: the links beat from now on (``tick``), the
-        first a heartbeat interval after the link last sent (the rails in ``sending``
-        are about to carry data: theirs is found by the next timer round)."""
-        hb = self.env.config.heartbeat_interval
+        first a heartbeat interval after the link last sent, a calm rank's backups a
+        ``CALM_BEAT`` after (``beat_every``; asked for a heartbeat interval after, each
+        operation of a small job made a timer round of its own for a backup that was not
+        due). The rails in ``sending`` are about to carry data: theirs is found by the
+        next timer round."""
+        env = self.env
+        hb = env.config.heartbeat_interval
+        calm = self.calm(env.clock.now(), False)
+        beat_every = self.paths.beat_every
         for link in self.links:
             if link is not None and link.rail not in sending:
-                self.env.soon(link.last_sent + hb)
+                env.soon(link.last_sent + beat_every(link.rail, True, hb, calm))
 
     def output_pending(self) -> bool:
         """Frames of ours to carve or replay (work for the background thread)."""
