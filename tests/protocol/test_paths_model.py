@@ -462,6 +462,29 @@ SETTINGS = settings(max_examples=int(os.environ.get("LINKESCAPE_MODEL_EXAMPLES",
                     deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
+@pytest.fixture(autouse=True)
+def _no_project_constants(monkeypatch):
+    """The searches are derandomized, so what they try must depend only on this file. Hypothesis
+    (6.13x on) also draws, now and then, numbers written anywhere in the project's own modules;
+    a change elsewhere (one struct offset in transport/tcp.py, 2026-12-08) then changed which
+    examples ran here, and the planted bug of the peer's rail word went unfound in 300 examples.
+    Its pool of the project's constants is left empty here (a private hook: where a version
+    lacks it, nothing is patched)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a hypothesis without it
+        yield
+        return
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "CONSTANTS_CACHE"):
+        yield  # pragma: no cover
+        return
+    empty = type(providers._get_local_constants())()
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: empty)
+    providers.CONSTANTS_CACHE.cache.clear()  # (tuples computed with the project's constants)
+    yield
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
 def test_the_escape_policy_holds_its_invariants():
     run_state_machine_as_test(PairMachine, settings=SETTINGS)
 
@@ -513,8 +536,11 @@ def test_the_model_finds_a_planted_bug(policy, patch, words, monkeypatch):
     if patch is not None:
         monkeypatch.setattr(P.PeerPaths, *patch)
     with pytest.raises(BaseException) as info:
-        # (found, not shrunk: shrinking a planted bug's example takes minutes and proves nothing more)
+        # (found, not shrunk: shrinking a planted bug's example takes minutes and proves nothing more;
+        # up to 1,000 examples: the search stops at the first bug, and the peer's ignored rail word
+        # took 300-600 of them, 2026-12-08)
         run_state_machine_as_test(Planted, settings=settings(SETTINGS, phases=[Phase.generate],
+                                                             max_examples=max(1000, SETTINGS.max_examples),
                                                              report_multiple_bugs=False))
     errors = list(getattr(info.value, "exceptions", [info.value]))
     assert all(isinstance(e, AssertionError) for e in errors), errors
