@@ -106,3 +106,42 @@ def test_policy_uses_recovering_primary_as_last_resort_and_stripes():
     for l in both:
         l.apply(Ev.CONNECTED, 0.0)
     assert PathPolicy(stripe=True).choose(both, 0.0) == [0, 1]
+
+
+def _choose_by_the_rules(policy: PathPolicy, links, now: float, avoid: int):
+    """``PathPolicy.choose`` spelt out rule by rule, without its shortcut for an eligible primary."""
+    up = [l.rail for l in links if l.state is State.UP]
+    if not up:
+        return []
+    clean = [r for r in up if not avoid >> r & 1]
+    ready = [l.rail for l in links if policy.eligible(l, now) and not avoid >> l.rail & 1]
+    if policy.stripe:
+        return ready or (clean or up)[:1]
+    if policy.primary in ready:
+        return [policy.primary]
+    others = [r for r in ready if r != policy.primary]
+    return [others[0]] if others else (clean or up)[:1]
+
+
+def test_the_primarys_shortcut_chooses_what_the_rules_choose():
+    """``choose`` answers first for the common case (the primary up, past its hold-down, not held
+    out); over every state, failure count, hold-down moment, avoid mask, primary and striping of
+    three rails it must agree with the rules in full."""
+    import itertools
+    import random
+
+    rnd = random.Random(51)
+    states = list(State)
+    for _ in range(4000):
+        links = []
+        for rail in range(3):
+            l = LinkStatus(rail=rail)
+            l.state = rnd.choice(states)
+            l.failures = rnd.choice((0, 0, 1, 3))
+            l.up_since = rnd.choice((None, 0.0, 4.5, 5.0))
+            links.append(l)
+        for primary, stripe, avoid in itertools.product(range(3), (False, True), range(8)):
+            p = PathPolicy(primary=primary, holddown=1.0, stripe=stripe)
+            for now in (5.0, 5.4, 6.0):
+                assert p.choose(links, now, avoid) == _choose_by_the_rules(p, links, now, avoid), \
+                    (primary, stripe, avoid, now, [(l.state, l.failures, l.up_since) for l in links])

@@ -163,31 +163,33 @@ def reduce(s: Schedule, flat: np.ndarray, root: int, red, out: np.ndarray, on_do
     n, r = s.world_size, s.rank
     parent, children = _tree(n, (r - root) % n, root, radix)
     nbytes = flat.nbytes
-    rbufs = [np.empty_like(flat) for _ in children]
+    # (one scratch block, a row per child: an inner rank of a wide tree has many children, and a
+    # small call's set-up is a share of its CPU)
+    rbufs = np.empty((len(children), flat.size), dtype=flat.dtype)
+    raw = memoryview(rbufs.reshape(-1).view(np.uint8))
     parent_send = None
     if parent is not None:
         parent_send = s.send(parent, byte_view(out), ready=0 if children else None)
     state = {"left": len(children)}
     recvs = []
-    for c, buf in zip(children, rbufs):
-        recvs.append(s.recv(c, nbytes, dst=byte_view(buf)))
+    for i, c in enumerate(children):
+        recvs.append(s.recv(c, nbytes, dst=raw[i * nbytes:(i + 1) * nbytes]))
     # Children are combined in the order listed once all arrived (fixed order,
     # whatever order they arrive in).
 
-    def on_frame_factory(m):
-        def on_frame(received):
-            if received == m.nbytes:
-                state["left"] -= 1
-                if state["left"] == 0:
-                    for buf in rbufs:
-                        red(out, out, buf)
-                    if parent_send is not None:
-                        parent_send.ready = nbytes
-                    if on_done is not None:
-                        on_done()
-        return on_frame
+    # (every child's message has ``nbytes``: one callback serves them all)
+    def on_frame(received):
+        if received == nbytes:
+            state["left"] -= 1
+            if state["left"] == 0:
+                for buf in rbufs:
+                    red(out, out, buf)
+                if parent_send is not None:
+                    parent_send.ready = nbytes
+                if on_done is not None:
+                    on_done()
     for m in recvs:
-        m.on_frame = on_frame_factory(m)
+        m.on_frame = on_frame
 
 
 def all_reduce_tree(s: Schedule, flat: np.ndarray, red, radix: int = 2) -> None:

@@ -51,10 +51,16 @@ class Sender:
     def links(self) -> List[Link]:
         """The links the peer's frames go on now (a relay's: the relay's own links)."""
         peer = self.peer
-        if peer.relay is not None:
-            return peer.relay.links()
+        paths = peer.paths
+        if paths.relay is not None:
+            return paths.relay.links()
         links = peer.links
-        return [l for l in (links[r] for r in peer.active) if l is not None]
+        out = []
+        for r in paths.active:
+            link = links[r]
+            if link is not None:
+                out.append(link)
+        return out
 
     def pump(self) -> None:
         """Carve ready bytes into frames on the route, as far as the watermark
@@ -63,7 +69,7 @@ class Sender:
         links = self.links()
         if not links:
             return
-        relay = peer.relay
+        relay = peer.paths.relay
         wrap = relay.wrap if relay is not None else None
         outbound, inbound = peer.outbound, peer.inbound
         env = peer.env
