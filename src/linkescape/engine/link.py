@@ -49,7 +49,7 @@ class WireItem:
         self.header = header
         self.frame = frame
         self.pos = 0
-        self.total = len(header) + (len(frame.payload) if frame is not None else 0)
+        self.total = len(header) + (frame.length if frame is not None else 0)
         self.on_sent = on_sent
         self.tag: Optional[bytes] = None
 

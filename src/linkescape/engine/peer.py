@@ -215,9 +215,7 @@ class PeerChannel(PeerTimers):
     def _done(self):
         """End of a call from the engine: take what the receiver read, let parked links go on
         (never from inside a read loop), then hand over what happened."""
-        r = self.receiver
-        if r.out or r.want_ack or r.want_resume:
-            self._take_read()
+        self._take_read()
         guard = 0
         while self.resume_wanted and guard < 1000:
             self.resume_wanted = False
@@ -302,10 +300,7 @@ class PeerChannel(PeerTimers):
     def wants_pump(self) -> bool:
         """Something to write now: frames ready to carve, or an acknowledgement the peer waits for."""
         sender = self.sender
-        if sender.queue or sender.replay:  # (checked here first: this runs for every hot peer each round)
-            if sender.ready:
-                return True
-        return sender.ack_urgent and self.inbound.ack_owed
+        return sender.ready or (sender.ack_urgent and self.inbound.ack_owed)
 
     def undelivered(self) -> bool:
         """Messages of ours not carved yet, or frames the peer has not acknowledged."""
@@ -318,7 +313,7 @@ class PeerChannel(PeerTimers):
     def pump(self):
         """Carve and write what is ready; an acknowledgement the peer waits for goes too."""
         sender = self.sender
-        if (sender.queue or sender.replay) and sender.ready:
+        if sender.ready:
             sender.pump()
         if sender.ack_urgent and self.inbound.ack_owed:
             sender.send_ack()
@@ -520,9 +515,8 @@ class PeerChannel(PeerTimers):
                 self.sender.flush(link)
             elif ev & POLLERR:
                 self._on_disconnect(link, ConnectionResetError("POLLERR/POLLHUP"))
-        sender = self.sender
-        if (sender.queue or sender.replay) and sender.ready:
-            sender.pump()
+        if self.sender.ready:
+            self.sender.pump()
         return self._done()
 
     def _read(self, link: Link) -> None:

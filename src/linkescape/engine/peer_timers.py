@@ -97,10 +97,8 @@ class PeerTimers:
         hb = cfg.heartbeat_interval
         engaged = watched or self.engaged()
         calm = engaged and self.calm(now, watched)
-        status = self.paths.status
-        beat_every = self.paths.beat_every
         for link in self.links:
-            if link is None or status[link.rail].state is not State.UP:
+            if link is None or self.status[link.rail].state is not State.UP:
                 continue
             # silence can only be found on bytes written since the last check
             # found everything acknowledged, and not before it could pass the timeout
@@ -111,7 +109,7 @@ class PeerTimers:
                 # the other end would find out only at its own next check
                 self._notify(NOTIFY_SILENT, link.rail)
                 continue
-            iv = beat_every(link.rail, engaged, hb, calm)
+            iv = self.paths.beat_every(link.rail, engaged, hb, calm)
             beats = iv is not None
             if beats and now - link.last_sent >= iv and not link.out:
                 self._beat(link)
@@ -170,11 +168,8 @@ class PeerTimers:
         keep their fine cadence for it."""
         if self._faulted():
             return True
-        status = self.paths.status
-        for link in self.links:
-            if link is None or link.parked or status[link.rail].state is not State.UP:
-                return True
-        return False
+        return any(link is None or link.parked or self.status[link.rail].state is not State.UP
+                   for link in self.links)
 
     def _faulted(self) -> bool:
         """No path, a relay, EOF, a rail held out (by either end), frames stashed."""

@@ -285,8 +285,7 @@ class Receiver:
             hdr = link.hdr
             if hdr is None:
                 pos = link.rpos
-                # (fewer than a header's bytes buffered: read more first, without asking for it)
-                hdr = link.take_header(bound) if link.rend - pos >= HEADER_SIZE else None
+                hdr = link.take_header(bound)
                 if hdr is None:
                     if drained:
                         return False

@@ -51,16 +51,10 @@ class Sender:
     def links(self) -> List[Link]:
         """The links the peer's frames go on now (a relay's: the relay's own links)."""
         peer = self.peer
-        paths = peer.paths
-        if paths.relay is not None:
-            return paths.relay.links()
+        if peer.relay is not None:
+            return peer.relay.links()
         links = peer.links
-        out = []
-        for r in paths.active:
-            link = links[r]
-            if link is not None:
-                out.append(link)
-        return out
+        return [l for l in (links[r] for r in peer.active) if l is not None]
 
     def pump(self) -> None:
         """Carve ready bytes into frames on the route, as far as the watermark
@@ -69,7 +63,7 @@ class Sender:
         links = self.links()
         if not links:
             return
-        relay = peer.paths.relay
+        relay = peer.relay
         wrap = relay.wrap if relay is not None else None
         outbound, inbound = peer.outbound, peer.inbound
         env = peer.env

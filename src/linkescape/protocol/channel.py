@@ -97,7 +97,7 @@ class SendChannel:
         """Apply a cumulative ack; returns how many frames it released."""
         if ack <= self.acked:
             return 0
-        if ack >= self.next_seq:
+        if ack > self.last_seq:
             raise ProtocolError(f"ack {ack} for a frame never sent (last {self.last_seq})")
         released = 0
         unacked = self.unacked

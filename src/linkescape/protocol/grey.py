@@ -65,19 +65,11 @@ class Window:
     @classmethod
     def total(cls, windows) -> Optional["Window"]:
         """A rail's window from its links' (busy: the longest of them)."""
-        dt = busy = 0.0
-        acked = sent = retrans = 0
-        seen = False
-        for w in windows:  # (one loop, no generators: it runs every 100 ms per rail)
-            seen = True
-            dt = w.dt if w.dt > dt else dt
-            busy = w.busy if w.busy > busy else busy
-            acked += w.acked
-            sent += w.sent
-            retrans += w.retrans
-        if not seen:
+        ws = list(windows)
+        if not ws:
             return None
-        return cls(dt, busy, acked, sent, retrans)
+        return cls(max(w.dt for w in ws), max(w.busy for w in ws), sum(w.acked for w in ws),
+                   sum(w.sent for w in ws), sum(w.retrans for w in ws))
 
 
 class RailRate:
@@ -115,16 +107,13 @@ def _push(recent, w: Window, keep: float) -> None:
 
 def _span(recent, seconds: float) -> Optional[Window]:
     """The newest windows covering ``seconds``, as one (None: not yet covered)."""
-    span = busy = 0.0
-    acked = sent = retrans = 0
-    for w in reversed(recent):  # (one loop, no generators: it runs every 100 ms per busy link)
+    picked, span = [], 0.0
+    for w in reversed(recent):
+        picked.append(w)
         span += w.dt
-        busy += w.busy
-        acked += w.acked
-        sent += w.sent
-        retrans += w.retrans
         if span >= seconds - 1e-6:
-            return Window(span, busy, acked, sent, retrans)
+            return Window(span, sum(x.busy for x in picked), sum(x.acked for x in picked),
+                          sum(x.sent for x in picked), sum(x.retrans for x in picked))
     return None
 
 

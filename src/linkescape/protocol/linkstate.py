@@ -130,12 +130,6 @@ class PathPolicy:
         """Rails to send on, best first; empty when no path is left.
         ``avoid``: a bitmask of rails held out (degraded), used only when no
         other rail is up."""
-        if not self.stripe and not avoid >> self.primary & 1:
-            for l in links:  # (the common case first: the primary is up and eligible)
-                if l.rail == self.primary:
-                    if l.state is State.UP and (l.failures == 0 or self.eligible(l, now)):
-                        return [self.primary]
-                    break
         up = [l.rail for l in links if l.state is State.UP]
         if not up:
             return []

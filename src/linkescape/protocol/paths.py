@@ -215,7 +215,7 @@ class PeerPaths:
             return False
         policy = self.policy
         for st in self.status:
-            if st.state is State.UP and st.failures and not policy.eligible(st, now):
+            if st.state is State.UP and not policy.eligible(st, now):
                 return False
         return policy.choose(self.status, now, 0) == self.active
 

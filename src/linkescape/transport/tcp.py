@@ -14,7 +14,6 @@ import errno
 import logging
 import select
 import socket
-import struct
 import time
 from typing import Optional, Tuple
 
@@ -25,7 +24,6 @@ except ImportError:  # pragma: no cover - not on Linux
 
 from ..common.config import Config
 from ..common.errors import AuthError, ConfigError, HandshakeError
-from ..protocol.grey import TcpSample
 from ..protocol.handshake import DialerHandshake, Established
 
 log = logging.getLogger("linkescape.transport")
@@ -324,24 +322,19 @@ class ListenerProbe:
 __all__ = ["tune", "ack_silence", "ack_now", "listen", "connect", "Dial", "ListenerProbe", "route_source", "HandshakeError", "AuthError"]
 
 
-#: the TCP_INFO fields the grey-failure detector reads (struct tcp_info, Linux): retrans_segs
-#: (tcpi_total_retrans, offset 100), bytes_acked (120), data_segs_out (156), busy_time (168),
-#: rwnd_limited (176), bytes_sent (200), bytes_retrans (208); one unpack for all of them
-_GREY_FIELDS = struct.Struct("<100xI16xQ28xI8xQQ16xQQ")
-_GREY_INFO_BYTES = 232
+def tcp_sample(sock: socket.socket, now: float):
+    """The kernel counters the grey-failure detector needs (TCP_INFO)."""
+    from ..protocol.grey import TcpSample
 
+    info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 232)
 
-def tcp_sample(sock: socket.socket, now: float) -> TcpSample:
-    """The kernel counters the grey-failure detector needs (TCP_INFO; a field an older kernel
-    does not fill reads 0)."""
-    info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _GREY_INFO_BYTES)
-    if len(info) >= _GREY_FIELDS.size:
-        retrans_segs, acked, data_segs, busy_us, rwnd_us, sent, retrans = _GREY_FIELDS.unpack_from(info)
-    else:  # (an older kernel's shorter struct: the fields it has, 0 for the rest)
-        retrans_segs, acked, data_segs, busy_us, rwnd_us, sent, retrans = (
-            int.from_bytes(info[off:off + size], "little") if len(info) >= off + size else 0
-            for off, size in ((100, 4), (120, 8), (156, 4), (168, 8), (176, 8), (200, 8), (208, 8)))
-    return TcpSample(now, acked, busy_us, rwnd_us, sent, retrans, retrans_segs, data_segs)
+    def u32(o: int) -> int:
+        return int.from_bytes(info[o:o + 4], "little") if len(info) >= o + 4 else 0
+
+    def u64(o: int) -> int:
+        return int.from_bytes(info[o:o + 8], "little") if len(info) >= o + 8 else 0
+    return TcpSample(now=now, acked=u64(120), busy_us=u64(168), rwnd_us=u64(176), sent=u64(200),
+                     retrans=u64(208), retrans_segs=u32(100), data_segs=u32(156))
 
 
 #: descriptors kept free beside the links (listeners, the store, logs, the user's own files)
