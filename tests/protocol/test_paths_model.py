@@ -465,7 +465,7 @@ SETTINGS = settings(max_examples=int(os.environ.get("LINKESCAPE_MODEL_EXAMPLES",
 @pytest.fixture(autouse=True)
 def _no_project_constants(monkeypatch):
     """The searches are derandomized, so what they try must depend only on this file. Hypothesis
-    (6.13x on) also draws, now and then, numbers written anywhere in the project's own modules;
+    (6.170 here) also draws, now and then, numbers written anywhere in the project's own modules;
     a change elsewhere (one struct offset in transport/tcp.py, 2026-12-08) then changed which
     examples ran here, and the planted bug of the peer's rail word went unfound in 300 examples.
     Its pool of the project's constants is left empty here (a private hook: where a version

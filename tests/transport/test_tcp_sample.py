@@ -1,5 +1,6 @@
-"""``tcp.tcp_sample``: the kernel counters the grey-failure detector reads, from TCP_INFO in one
-unpack. Checked against the fields read one by one at their offsets in ``struct tcp_info``."""
+"""``tcp.tcp_sample``: the kernel counters the grey-failure detector reads, from TCP_INFO, checked
+against the fields read at their offsets in ``struct tcp_info``; a shorter struct (an older kernel)
+reads 0 for what it lacks."""
 
 from __future__ import annotations
 
