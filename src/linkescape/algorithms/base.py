@@ -62,8 +62,7 @@ class Schedule:
         self.sig = sig
 
     def send(self, peer: int, view: memoryview, ready: Optional[int] = None) -> OutMessage:
-        if len(view) > MAX_MESSAGE:
-            check_message_size(len(view))
+        check_message_size(len(view))
         m = OutMessage(self.op, peer, self.msg, self.sig, view, ready)
         self.op.sends.append(m)
         self.op.protect(view)
@@ -72,8 +71,7 @@ class Schedule:
     def recv(self, peer: int, nbytes: int, dst: Optional[memoryview] = None,
              reduce: Optional[Callable[[int, memoryview], None]] = None,
              on_frame: Optional[Callable[[int], None]] = None) -> InMessage:
-        if nbytes > MAX_MESSAGE:
-            check_message_size(nbytes)
+        check_message_size(nbytes)
         m = InMessage(self.op, peer, self.msg, self.sig, nbytes, dst=dst, reduce=reduce, on_frame=on_frame)
         self.op.recvs.append(m)
         self.op.pending_recvs += 1
